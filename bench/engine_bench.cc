@@ -1,0 +1,206 @@
+// Engine throughput on one model: prefill tokens/s at several prompt lengths, decode tokens/s
+// at several batch sizes, peak RSS, and the machine's measured limits (memory read bandwidth,
+// fp32 FMA peak) for ratios. Prints one JSON object per line on stdout.
+//
+//   build/bench/engine_bench --model models/SmolLM2-135M-Instruct.Q4_1.gguf --threads 1,2
+#include <immintrin.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tandem::engine::BatchItem;
+using tandem::engine::Engine;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+long PeakRssKiB() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+// Deterministic prompt tokens (ids spread over the vocabulary, avoiding control tokens).
+std::vector<int32_t> PromptTokens(int n, int vocab, int salt) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = 100 + static_cast<int32_t>((i * 7919L + salt * 104729L) % (vocab - 100));
+  return t;
+}
+
+// Read bandwidth in GB/s: sums a buffer far larger than the caches, `threads` ways.
+double MeasureReadBandwidth(tandem::ThreadPool& pool) {
+  const size_t n = size_t{512} << 20 >> 3;  // 512 MiB of doubles
+  std::vector<double> buf(n, 1.0);
+  std::vector<double> times;
+  std::vector<double> sums(pool.num_threads());
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    pool.ParallelFor(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int t) {
+      __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+      int64_t i = b;
+      for (; i + 8 <= e; i += 8) {
+        acc0 = _mm256_add_pd(acc0, _mm256_loadu_pd(&buf[i]));
+        acc1 = _mm256_add_pd(acc1, _mm256_loadu_pd(&buf[i + 4]));
+      }
+      double tail[4];
+      _mm256_storeu_pd(tail, _mm256_add_pd(acc0, acc1));
+      double s = tail[0] + tail[1] + tail[2] + tail[3];
+      for (; i < e; ++i) s += buf[i];
+      sums[t] += s;
+    }, 4096);
+    times.push_back(Since(t0));
+  }
+  return n * 8.0 / *std::min_element(times.begin(), times.end()) / 1e9;
+}
+
+// Peak fp32 FLOP/s with independent FMA chains (AVX-512 if present, else AVX2).
+__attribute__((target("avx512f,fma"))) double FmaLoop512(int64_t iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  float s = 0;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(a[i]);
+  return s;
+}
+__attribute__((target("avx2,fma"))) double FmaLoop256(int64_t iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  float out[8], s = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_storeu_ps(out, a[i]);
+    for (float x : out) s += x;
+  }
+  return s;
+}
+
+double MeasurePeakFlops(tandem::ThreadPool& pool) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const int64_t iters = 20'000'000;
+  const double flops_per_iter = 12.0 * (avx512 ? 16 : 8) * 2;
+  std::vector<double> best;
+  double sink = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    pool.RunOnAll([&](int) { sink += avx512 ? FmaLoop512(iters) : FmaLoop256(iters); });
+    best.push_back(Since(t0));
+  }
+  if (sink == 12345.678) std::puts("");
+  return flops_per_iter * iters * pool.num_threads() / *std::min_element(best.begin(), best.end());
+}
+
+void Emit(nlohmann::json j) { std::printf("%s\n", j.dump().c_str()); std::fflush(stdout); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem engine benchmark"};
+  std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::vector<int> threads = {1, 2}, prompt_lens = {128, 512, 2048}, batches = {1, 8, 32};
+  int decode_steps = 32, repeats = 3;
+  bool limits = true;
+  app.add_option("--model", model);
+  app.add_option("--threads", threads)->delimiter(',');
+  app.add_option("--prompt-lengths", prompt_lens)->delimiter(',');
+  app.add_option("--batches", batches)->delimiter(',');
+  app.add_option("--decode-steps", decode_steps);
+  app.add_option("--repeats", repeats);
+  app.add_flag("!--no-limits", limits, "Skip measuring bandwidth and peak FLOP/s");
+  CLI11_PARSE(app, argc, argv);
+
+  for (int nt : threads) {
+    tandem::engine::EngineOptions opts;
+    opts.model_path = model;
+    opts.threads = nt;
+    opts.prefill_chunk = 4096;
+    int max_batch = *std::max_element(batches.begin(), batches.end());
+    int max_prompt = *std::max_element(prompt_lens.begin(), prompt_lens.end());
+    opts.kv_capacity_tokens = std::max(max_prompt + 16, max_batch * (128 + decode_steps + 16));
+    auto loaded = Engine::Load(opts);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());
+      return 1;
+    }
+    Engine& eng = **loaded;
+    const auto& cfg = eng.config();
+    // Matrix parameters touched per token (all layers + output head), for FLOP counts.
+    const double params = static_cast<double>(cfg.n_layers) *
+                              (2.0 * cfg.dim * cfg.q_dim() + 2.0 * cfg.dim * cfg.kv_dim() +
+                               3.0 * cfg.dim * cfg.ffn_dim) +
+                          static_cast<double>(cfg.vocab_size) * cfg.dim;
+    if (limits) {
+      Emit({{"engine", "machine"}, {"threads", nt}, {"metric", "read_bandwidth_gbps"},
+            {"value", MeasureReadBandwidth(eng.pool())}});
+      Emit({{"engine", "machine"}, {"threads", nt}, {"metric", "peak_fp32_gflops"},
+            {"value", MeasurePeakFlops(eng.pool()) / 1e9}});
+    }
+    std::vector<float> logits;
+    for (int len : prompt_lens) {
+      std::vector<double> times;
+      const auto tokens = PromptTokens(len, cfg.vocab_size, len);
+      for (int r = 0; r < repeats + 1; ++r) {  // first run warms up
+        auto blocks = eng.kv().Allocate(eng.kv().BlocksFor(len)).value();
+        BatchItem item{blocks, 0, tokens, true};
+        const auto t0 = Clock::now();
+        auto st = eng.transformer().Forward({&item, 1}, eng.kv(), &logits);
+        const double dt = Since(t0);
+        eng.kv().Release(blocks);
+        if (!st.ok()) { std::fprintf(stderr, "%s\n", st.ToString().c_str()); return 1; }
+        if (r > 0) times.push_back(dt);
+      }
+      const double tps = len / Median(times);
+      Emit({{"engine", "tandem"}, {"threads", nt}, {"metric", "prefill"}, {"prompt_len", len},
+            {"tokens_per_s", tps}, {"gflops", tps * 2 * params / 1e9}});
+    }
+    for (int batch : batches) {
+      const int prompt_len = 128;
+      std::vector<std::vector<int32_t>> blocks(batch);
+      std::vector<std::vector<int32_t>> prompts(batch);
+      for (int b = 0; b < batch; ++b) {
+        blocks[b] = eng.kv().Allocate(eng.kv().BlocksFor(prompt_len + decode_steps + 1)).value();
+        prompts[b] = PromptTokens(prompt_len, cfg.vocab_size, 1000 + b);
+        BatchItem item{blocks[b], 0, prompts[b], true};
+        if (!eng.transformer().Forward({&item, 1}, eng.kv(), &logits).ok()) return 1;
+      }
+      std::vector<double> step_times;
+      std::vector<int32_t> next(batch, 200);
+      std::vector<BatchItem> items(batch);
+      for (int s = 0; s < decode_steps; ++s) {
+        for (int b = 0; b < batch; ++b) items[b] = {blocks[b], prompt_len + s, {&next[b], 1}, true};
+        const auto t0 = Clock::now();
+        if (!eng.transformer().Forward(items, eng.kv(), &logits).ok()) return 1;
+        step_times.push_back(Since(t0));
+        for (int b = 0; b < batch; ++b) next[b] = 200 + (s * 31 + b) % 1000;
+      }
+      for (auto& bl : blocks) eng.kv().Release(bl);
+      const double step = Median(step_times);
+      Emit({{"engine", "tandem"}, {"threads", nt}, {"metric", "decode"}, {"batch", batch},
+            {"tokens_per_s", batch / step}, {"model_bytes", eng.model_bytes()},
+            {"weight_gbps", eng.model_bytes() / step / 1e9}});
+    }
+    Emit({{"engine", "tandem"}, {"threads", nt}, {"metric", "peak_rss_mib"},
+          {"value", PeakRssKiB() / 1024.0}});
+  }
+  return 0;
+}

@@ -1,0 +1,114 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace tandem::engine {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
+  if (options.threads < 1 || options.threads > 256) {
+    return InvalidArgument("threads must be in [1, 256], got " + std::to_string(options.threads));
+  }
+  if (options.prefill_chunk < 1) return InvalidArgument("prefill chunk must be positive");
+  std::unique_ptr<Engine> e(new Engine());
+  e->options_ = options;
+  TANDEM_ASSIGN_OR_RETURN(e->gguf_, model::GgufFile::Open(options.model_path));
+  TANDEM_ASSIGN_OR_RETURN(e->config_, model::ReadLlamaConfig(*e->gguf_));
+  TANDEM_ASSIGN_OR_RETURN(e->weights_, BindWeights(*e->gguf_, e->config_));
+  TANDEM_ASSIGN_OR_RETURN(model::VocabData vocab, model::ReadVocab(*e->gguf_));
+  if (static_cast<int>(vocab.tokens.size()) != e->config_.vocab_size) {
+    return InvalidArgument("tokenizer has " + std::to_string(vocab.tokens.size()) +
+                           " tokens but the embedding has " +
+                           std::to_string(e->config_.vocab_size) + " rows");
+  }
+  TANDEM_ASSIGN_OR_RETURN(e->tokenizer_, model::Tokenizer::Create(vocab));
+  if (!e->config_.chat_template.empty()) {
+    auto tmpl = model::ChatTemplate::Detect(e->config_.chat_template);
+    if (tmpl.ok()) {
+      e->chat_template_ = *tmpl;
+    } else {
+      e->chat_template_error_ = tmpl.status().message();
+    }
+  } else {
+    e->chat_template_error_ = "the model has no tokenizer.chat_template";
+  }
+  const auto& c = e->config_;
+  if (c.n_heads / c.n_kv_heads > 16 || c.head_dim > 256) {
+    return Unimplemented("attention shape (group of " + std::to_string(c.n_heads / c.n_kv_heads) +
+                         ", head dim " + std::to_string(c.head_dim) + ") exceeds kernel limits");
+  }
+  if (options.block_tokens < 1 || options.block_tokens > 256) {
+    return InvalidArgument("block tokens must be in [1, 256]");
+  }
+  const int capacity = options.kv_capacity_tokens > 0 ? options.kv_capacity_tokens : c.context_length;
+  KvCacheShape shape;
+  shape.n_layers = c.n_layers;
+  shape.n_kv_heads = c.n_kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.block_tokens = options.block_tokens;
+  shape.num_blocks = (capacity + options.block_tokens - 1) / options.block_tokens;
+  TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::Create(shape));
+  e->pool_ = std::make_unique<ThreadPool>(options.threads);
+  e->transformer_ = std::make_unique<Transformer>(e->config_, e->weights_, e->pool_.get());
+  return e;
+}
+
+StatusOr<GenerateResult> Engine::Generate(std::span<const int32_t> prompt,
+                                          const GenerateOptions& options,
+                                          const std::function<bool(int32_t)>& on_token) {
+  if (prompt.empty()) return InvalidArgument("the prompt has no tokens");
+  if (options.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0");
+  TANDEM_RETURN_IF_ERROR(options.sampling.Validate());
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
+  if (total > config_.context_length) {
+    return OutOfRange("prompt (" + std::to_string(prompt.size()) + " tokens) plus max_tokens (" +
+                      std::to_string(options.max_tokens) + ") exceeds the context length of " +
+                      std::to_string(config_.context_length));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, kv_->Allocate(kv_->BlocksFor(total)));
+  struct BlockGuard {
+    PagedKvCache* kv;
+    std::vector<int32_t>* blocks;
+    ~BlockGuard() { kv->Release(*blocks); }
+  } guard{kv_.get(), &blocks};
+
+  GenerateResult result;
+  Sampler sampler(options.sampling);
+  std::vector<float> logits;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t start = 0; start < prompt.size(); start += options_.prefill_chunk) {
+    const size_t n = std::min<size_t>(options_.prefill_chunk, prompt.size() - start);
+    BatchItem item{blocks, static_cast<int>(start), prompt.subspan(start, n),
+                   start + n == prompt.size()};
+    TANDEM_RETURN_IF_ERROR(transformer_->Forward({&item, 1}, *kv_, &logits));
+  }
+  result.prefill_seconds = Seconds(t0);
+  result.first_logits = logits;
+  result.finish_reason = "length";
+  const auto t1 = std::chrono::steady_clock::now();
+  int pos = static_cast<int>(prompt.size());
+  for (int i = 0; i < options.max_tokens; ++i) {
+    const int32_t tok = sampler.Sample(logits);
+    result.tokens.push_back(tok);
+    if (on_token && !on_token(tok)) break;
+    if (!options.ignore_eos && tokenizer_->IsEndOfGeneration(tok)) {
+      result.finish_reason = "stop";
+      break;
+    }
+    if (i + 1 == options.max_tokens) break;
+    BatchItem item{blocks, pos, {&result.tokens.back(), 1}, true};
+    TANDEM_RETURN_IF_ERROR(transformer_->Forward({&item, 1}, *kv_, &logits));
+    ++pos;
+  }
+  result.decode_seconds = Seconds(t1);
+  return result;
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,91 @@
+// One engine instance: a loaded model (mmapped weights, tokenizer, chat template), its paged KV
+// cache and thread pool, and a simple generation loop for one sequence at a time.
+//
+//   TANDEM_ASSIGN_OR_RETURN(auto engine, Engine::Load({.model_path = "m.gguf", .threads = 2}));
+//   auto ids = engine->tokenizer().Encode("Once upon", engine->tokenizer().add_bos(), false);
+//   TANDEM_ASSIGN_OR_RETURN(auto result, engine->Generate(ids, {.max_tokens = 32}, nullptr));
+//
+// Thread-safety: not thread-safe; one caller drives the engine (the serving loop).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "engine/model_weights.h"
+#include "engine/sampler.h"
+#include "engine/transformer.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+
+namespace tandem::engine {
+
+struct EngineOptions {
+  std::string model_path;
+  int threads = 1;
+  int block_tokens = 16;
+  int kv_capacity_tokens = 0;  // 0: the model's context length
+  int prefill_chunk = 512;     // tokens per forward step while prefilling
+};
+
+struct GenerateOptions {
+  int max_tokens = 64;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated tokens (including a final end-of-generation token)
+  std::string finish_reason;    // "stop" (end-of-generation token) or "length"
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  std::vector<float> first_logits;  // (vocab) logits after the prompt
+};
+
+class Engine {
+ public:
+  static StatusOr<std::unique_ptr<Engine>> Load(const EngineOptions& options);
+
+  const model::LlamaConfig& config() const { return config_; }
+  const model::Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Null when the model has no chat template tandem recognises; chat_template_error() says why.
+  const model::ChatTemplate* chat_template() const {
+    return chat_template_ ? &*chat_template_ : nullptr;
+  }
+  const std::string& chat_template_error() const { return chat_template_error_; }
+  Transformer& transformer() { return *transformer_; }
+  PagedKvCache& kv() { return *kv_; }
+  ThreadPool& pool() { return *pool_; }
+  const EngineOptions& options() const { return options_; }
+  size_t model_bytes() const { return gguf_->file_size(); }
+
+  // Prefills `prompt` in chunks, then samples up to max_tokens. on_token (may be null) sees each
+  // token as it is produced and may return false to stop early. KV blocks are returned to the
+  // pool before returning.
+  StatusOr<GenerateResult> Generate(std::span<const int32_t> prompt, const GenerateOptions& options,
+                                    const std::function<bool(int32_t)>& on_token);
+
+ private:
+  Engine() = default;
+
+  EngineOptions options_;
+  std::unique_ptr<model::GgufFile> gguf_;
+  model::LlamaConfig config_;
+  ModelWeights weights_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::optional<model::ChatTemplate> chat_template_;
+  std::string chat_template_error_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<PagedKvCache> kv_;
+  std::unique_ptr<Transformer> transformer_;
+};
+
+}  // namespace tandem::engine

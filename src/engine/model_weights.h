@@ -1,0 +1,38 @@
+// Views of a Llama model's weights inside a GgufFile, checked against the config's shapes.
+// Matrices stay quantized in the mapping; small vectors (norm weights) are copied to float32.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/matmul.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+
+namespace tandem::engine {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // (dim)
+  kernels::WeightView wq;        // (q_dim rows, dim cols)
+  kernels::WeightView wk;        // (kv_dim, dim)
+  kernels::WeightView wv;        // (kv_dim, dim)
+  kernels::WeightView wo;        // (dim, q_dim)
+  std::vector<float> ffn_norm;   // (dim)
+  kernels::WeightView w_gate;    // (ffn_dim, dim)
+  kernels::WeightView w_up;      // (ffn_dim, dim)
+  kernels::WeightView w_down;    // (dim, ffn_dim)
+};
+
+struct ModelWeights {
+  kernels::WeightView token_embd;  // (vocab, dim)
+  std::vector<float> output_norm;  // (dim)
+  kernels::WeightView output;      // (vocab, dim); equals token_embd when tied
+  std::vector<LayerWeights> layers;
+};
+
+// Finds every tensor the config needs; a missing tensor or a wrong shape is an error naming it.
+// The returned views point into `file`, which must outlive them.
+StatusOr<ModelWeights> BindWeights(const model::GgufFile& file, const model::LlamaConfig& config);
+
+}  // namespace tandem::engine

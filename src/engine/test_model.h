@@ -1,0 +1,27 @@
+// Tiny random-weight Llama models written as GGUF files, for tests (no tokenizer metadata).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/types.h"
+
+namespace tandem::engine::testing {
+
+struct TinyLlamaSpec {
+  int n_layers = 2;
+  int dim = 64;
+  int ffn_dim = 128;
+  int n_heads = 4;
+  int n_kv_heads = 2;
+  int vocab = 96;
+  int context = 512;
+  kernels::DType matrix_dtype = kernels::DType::kQ4_1;  // attention and FFN matrices
+  kernels::DType embd_dtype = kernels::DType::kQ8_0;    // embedding (tied output)
+  uint32_t seed = 1;
+};
+
+// Writes the model to a fresh temporary file and returns its path (the caller removes it).
+std::string WriteTinyLlama(const TinyLlamaSpec& spec);
+
+}  // namespace tandem::engine::testing

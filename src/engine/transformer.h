@@ -1,0 +1,75 @@
+// The Llama forward pass over a mixed batch: sequences in prefill (a chunk of many tokens) and
+// in decode (one token) run through every matrix multiply together.
+//
+//   Transformer tf(config, weights, &pool);
+//   BatchItem items[] = {{blocks_a, 0, prompt_a, true}, {blocks_b, 17, {next_b}, true}};
+//   TANDEM_RETURN_IF_ERROR(tf.Forward(items, kv, &logits));  // logits: (2, vocab)
+//
+// Thread-safety: one Forward at a time per Transformer (it owns scratch buffers); the thread
+// pool parallelises inside a step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "engine/model_weights.h"
+#include "model/model_config.h"
+
+namespace tandem::engine {
+
+struct BatchItem {
+  std::span<const int32_t> block_table;  // the sequence's KV blocks; must cover start_pos + n
+  int start_pos = 0;                     // position of tokens[0] (= tokens already in the cache)
+  std::span<const int32_t> tokens;       // n >= 1 new tokens
+  bool want_logits = true;               // produce logits for the last token
+};
+
+class Transformer {
+ public:
+  // config, weights and pool must outlive the Transformer.
+  Transformer(const model::LlamaConfig& config, const ModelWeights& weights, ThreadPool* pool);
+
+  // Appends the KV of every item's tokens to the cache (positions start_pos..start_pos+n-1)
+  // and writes one row of vocab logits per item with want_logits, in item order, to *logits
+  // (resized to rows * vocab).
+  Status Forward(std::span<const BatchItem> batch, PagedKvCache& kv, std::vector<float>* logits);
+
+  // Called after each layer's KV has been written (layer index), e.g. to start moving it.
+  void SetLayerDoneCallback(std::function<void(int layer)> fn) { on_layer_done_ = std::move(fn); }
+
+  const model::LlamaConfig& config() const { return config_; }
+
+ private:
+  void EnsureScratch(int64_t tokens, int64_t logit_rows);
+  void ComputeRope(std::span<const BatchItem> batch);
+  void ApplyRope(float* x, int n_heads);  // (T, n_heads, head_dim), in place
+  void WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
+  void Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
+
+  const model::LlamaConfig& config_;
+  const ModelWeights& weights_;
+  ThreadPool* pool_;
+  std::function<void(int)> on_layer_done_;
+
+  // Scratch, grown on demand. T = tokens in the batch.
+  std::vector<float> x_;       // (T, dim) residual stream
+  std::vector<float> xn_;      // (T, dim) normalised
+  std::vector<float> q_;       // (T, q_dim)
+  std::vector<float> k_;       // (T, kv_dim)
+  std::vector<float> v_;       // (T, kv_dim)
+  std::vector<float> attn_;    // (T, q_dim)
+  std::vector<float> gate_;    // (T, ffn_dim)
+  std::vector<float> up_;      // (T, ffn_dim)
+  std::vector<float> logit_in_;  // (rows wanting logits, dim) normalised final states
+  std::vector<float> rope_cos_;  // (T, rope_dim / 2)
+  std::vector<float> rope_sin_;  // (T, rope_dim / 2)
+  std::vector<int32_t> token_pos_;   // (T) position of each token
+  std::vector<int32_t> token_item_;  // (T) batch item of each token
+};
+
+}  // namespace tandem::engine
