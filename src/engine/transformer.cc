@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/fp16.h"
+#include "engine/activations.h"
 #include "engine/attention.h"
 #include "kernels/matmul.h"
 
@@ -26,6 +27,14 @@ void RmsNorm(const float* x, const float* w, int64_t rows, int n, float eps, flo
 Transformer::Transformer(const model::LlamaConfig& config, const ModelWeights& weights,
                          ThreadPool* pool)
     : config_(config), weights_(weights), pool_(pool) {}
+
+void Transformer::ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool_ == nullptr || rows < 4) {
+    fn(0, rows);
+    return;
+  }
+  pool_->ParallelFor(rows, [&](int64_t b, int64_t e, int) { fn(b, e); });
+}
 
 void Transformer::EnsureScratch(int64_t t, int64_t logit_rows) {
   const auto& c = config_;
@@ -80,7 +89,8 @@ void Transformer::ApplyRope(float* x, int n_heads) {
 void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {
   const int hd = config_.head_dim;
   const int bt = kv.shape().block_tokens;
-  for (size_t t = 0; t < token_pos_.size(); ++t) {
+  ParallelRows(static_cast<int64_t>(token_pos_.size()), [&](int64_t begin, int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
     const BatchItem& item = batch[token_item_[t]];
     const int pos = token_pos_[t];
     const int32_t block = item.block_table[pos / bt];
@@ -96,6 +106,7 @@ void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, in
       }
     }
   }
+  });
 }
 
 void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {
@@ -167,7 +178,9 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
-    RmsNorm(x_.data(), L.attn_norm.data(), T, c.dim, c.rms_eps, xn_.data());
+    ParallelRows(T, [&](int64_t b, int64_t e) {
+      RmsNorm(&x_[b * c.dim], L.attn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
+    });
     kernels::MatMul(L.wq, xn_.data(), T, q_.data(), pool_);
     kernels::MatMul(L.wk, xn_.data(), T, k_.data(), pool_);
     kernels::MatMul(L.wv, xn_.data(), T, v_.data(), pool_);
@@ -179,13 +192,14 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     kernels::MatMul(L.wo, attn_.data(), T, xn_.data(), pool_);
     for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
 
-    RmsNorm(x_.data(), L.ffn_norm.data(), T, c.dim, c.rms_eps, xn_.data());
+    ParallelRows(T, [&](int64_t b, int64_t e) {
+      RmsNorm(&x_[b * c.dim], L.ffn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
+    });
     kernels::MatMul(L.w_gate, xn_.data(), T, gate_.data(), pool_);
     kernels::MatMul(L.w_up, xn_.data(), T, up_.data(), pool_);
-    for (int64_t i = 0; i < T * c.ffn_dim; ++i) {
-      const float g = gate_[i];
-      gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
-    }
+    ParallelRows(T, [&](int64_t b, int64_t e) {
+      SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], (e - b) * c.ffn_dim);
+    });
     kernels::MatMul(L.w_down, gate_.data(), T, xn_.data(), pool_);
     for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
   }

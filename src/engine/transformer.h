@@ -45,6 +45,8 @@ class Transformer {
   const model::LlamaConfig& config() const { return config_; }
 
  private:
+  // Runs fn(begin, end) over row ranges on the pool.
+  void ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
   void EnsureScratch(int64_t tokens, int64_t logit_rows);
   void ComputeRope(std::span<const BatchItem> batch);
   void ApplyRope(float* x, int n_heads);  // (T, n_heads, head_dim), in place

@@ -306,7 +306,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<Special> specials_;
   std::vector<std::shared_ptr<Regex>> regexes_;
   bool ignore_merges_ = false;
-  int32_t bos_id_ = -1, eos_id_ = -1, unk_id_ = -1;
+  int32_t bos_id_ = -1, eos_id_ = -1;
   bool add_bos_ = false;
 };
 
@@ -339,7 +339,6 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
   tok->bos_id_ = v.bos_id;
   tok->eos_id_ = v.eos_id;
-  tok->unk_id_ = v.unk_id;
   tok->add_bos_ = v.add_bos;
   tok->ignore_merges_ = spec->ignore_merges;
   for (const char* p : spec->patterns) {
@@ -510,9 +509,9 @@ void BpeTokenizer::EncodeWord(std::string_view word, Scratch& s,
     TryPush(s, bg.left, l.next);
   }
   for (int32_t i = 0; i >= 0; i = s.symbols[i].next) {
-    // A byte without a token: llama.cpp drops it; we emit <unk> when the vocab has one.
-    const int32_t id = s.symbols[i].id >= 0 ? s.symbols[i].id : unk_id_;
-    if (id >= 0) out->push_back(id);
+    // A byte without a token (SmolLM2 lacks e.g. 0x04 and 0xF1) is dropped, as llama.cpp does;
+    // <unk> would be no better: SmolLM2's unk is <|endoftext|>.
+    if (s.symbols[i].id >= 0) out->push_back(s.symbols[i].id);
   }
 }
 

@@ -250,7 +250,7 @@ TEST(StreamDecoderTest, EmojiSplitAcrossTokens) {
 TEST(StreamDecoderTest, InvalidBytesBecomeReplacement) {
   const Tokenizer& tok = Smol();
   StreamDecoder dec(&tok);
-  EXPECT_EQ(dec.Push(ByteToken(tok, 0xFF)), "\xEF\xBF\xBD");  // can never start a character
+  EXPECT_EQ(dec.Push(ByteToken(tok, 0x80)), "\xEF\xBF\xBD");  // can never start a character
   EXPECT_EQ(dec.Push(ByteToken(tok, 0xE6)), "");
   // A lead byte followed by a non-continuation: the held byte is replaced, 'a' passes.
   EXPECT_EQ(dec.Push(ByteToken(tok, 'a')), "\xEF\xBF\xBD" "a");
@@ -336,7 +336,7 @@ TEST(TokenizerCreateTest, MergesApplyByRank) {
   // User-defined tokens are matched even without parse_special (as llama.cpp); control not.
   EXPECT_EQ((*tok)->Encode("a</s>", false, false), (std::vector<int32_t>{0, 7}));
   EXPECT_EQ((*tok)->TokenToPiece(7), "</s>");
-  // A byte with no token and no <unk> is dropped (llama.cpp does the same).
+  // A byte with no token is dropped (llama.cpp does the same).
   EXPECT_EQ((*tok)->Encode("az", false, false), std::vector<int32_t>{0});
 }
 

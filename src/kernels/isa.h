@@ -1,0 +1,41 @@
+// Internal interface between matmul.cc (dispatch, threading) and the per-instruction-set
+// implementations (dot_scalar.cc, dot_avx2.cc, dot_avx512.cc).
+//
+// MatMul converts each activation row once per call into an ISA-private layout of
+// act_row_bytes(w.dtype, k) bytes (a multiple of 64), then runs gemm over ranges of output rows
+// on the pool's threads. Each ISA reproduces the same activation quantization numerics (see
+// quant_blocks.h), so all paths agree up to float summation order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/matmul.h"
+#include "kernels/types.h"
+
+namespace tandem::kernels::internal {
+
+struct IsaImpl {
+  const char* name;
+  // Bytes of one converted activation row (multiple of 64) for weight type wtype, k columns.
+  int64_t (*act_row_bytes)(DType wtype, int64_t k);
+  // Converts one activation row x[k] into dst (act_row_bytes bytes, 64-byte aligned).
+  void (*quantize_act)(DType wtype, const float* x, int64_t k, uint8_t* dst);
+  // For r in [r0, r1), c in [0, m): y[c * ldy + r] = dot(weight row r, activation row c).
+  // act holds m converted rows, act_row_bytes apart.
+  void (*gemm)(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m,
+               int64_t r0, int64_t r1, float* y, int64_t ldy);
+};
+
+const IsaImpl* ScalarIsa();
+const IsaImpl* Avx2Isa();
+const IsaImpl* Avx512Isa();
+
+// A growable, 64-byte aligned buffer private to the calling thread; `slot` tells independent
+// buffers apart (0: activations in MatMul, 1: weight tiles in gemm). Contents are not kept
+// across calls that ask for a larger size.
+uint8_t* ThreadScratch(int slot, size_t bytes);
+
+inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace tandem::kernels::internal
