@@ -54,7 +54,8 @@ StatusOr<std::optional<std::string>> DefaultSystemMessage(const std::string& t) 
   if (stop == std::string::npos || stop > end_if) {
     return InvalidArgument("chat template: default system message is not closed by <|im_end|>");
   }
-  return std::optional<std::string>(UnescapeJinjaLiteral(std::string_view(t).substr(start, stop - start)));
+  return std::optional<std::string>(
+      UnescapeJinjaLiteral(std::string_view(t).substr(start, stop - start)));
 }
 
 }  // namespace

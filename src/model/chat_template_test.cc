@@ -18,8 +18,7 @@ const char kSmolLm2Template[] =
     "'<|im_start|>assistant\n' }}{% endif %}";
 
 TEST(ChatTemplateTest, LiteralMatchesGgufMetadata) {
-  EXPECT_EQ(testing_util::SmolLm2VocabJson()["chat_template"].get<std::string>(),
-            kSmolLm2Template);
+  EXPECT_EQ(testing_util::SmolLm2VocabJson()["chat_template"].get<std::string>(), kSmolLm2Template);
 }
 
 TEST(ChatTemplateTest, SmolLm2MatchesJinja) {

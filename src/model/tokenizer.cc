@@ -68,7 +68,10 @@ size_t AppendSanitized(std::string_view in, bool per_byte, bool hold_tail, std::
     size_t prefix = 0;
     bool truncated = false;
     while (run < n) {
-      if (s[run] < 0x80) { ++run; continue; }
+      if (s[run] < 0x80) {
+        ++run;
+        continue;
+      }
       size_t len = Utf8SeqLen(s + run, n - run, &prefix, &truncated);
       if (len == 0) break;
       run += len;
@@ -87,7 +90,10 @@ bool IsValidUtf8(std::string_view in) {
   const auto* s = reinterpret_cast<const unsigned char*>(in.data());
   for (size_t i = 0, prefix; i < in.size();) {
     bool truncated;
-    if (s[i] < 0x80) { ++i; continue; }
+    if (s[i] < 0x80) {
+      ++i;
+      continue;
+    }
     const size_t len = Utf8SeqLen(s + i, in.size() - i, &prefix, &truncated);
     if (len == 0) return false;
     i += len;
@@ -95,15 +101,12 @@ bool IsValidUtf8(std::string_view in) {
   return true;
 }
 
+// Only for codepoints < 0x800, all that the byte-level mapping uses.
 void AppendCodepoint(uint32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   } else {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
 }
@@ -154,12 +157,13 @@ std::string ByteLevelDecode(std::string_view text) {
 // ------------------------------------------------------------------------------------ regex
 // Whitespace as llama.cpp defines it (Unicode White_Space), spelled out because PCRE2 10.42's
 // \s with UCP also matches U+180E. Used in place of \s in every pattern below.
-#define WS "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WS                                                                              \
+  "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}" \
+  "\\x{205F}\\x{3000}"
 // The GPT-2 pattern; llama.cpp's list omits the final |\s+ but keeps unmatched text as pieces,
 // which is equivalent.
-constexpr const char kGpt2Pattern[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS
-    "])|[" WS "]+";
+constexpr const char kGpt2Pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS
+                                      "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS "])|[" WS "]+";
 constexpr const char kLlama3Pattern[] =
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
     "\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS
@@ -167,16 +171,17 @@ constexpr const char kLlama3Pattern[] =
 #undef WS
 
 struct PreTokenizerSpec {
-  std::vector<std::string_view> names;     // tokenizer.ggml.pre values
-  std::vector<const char*> patterns;       // applied in order, as llama.cpp's regex_exprs
-  bool ignore_merges;                      // whole word that is a token -> that token
+  std::vector<std::string_view> names;  // tokenizer.ggml.pre values
+  std::vector<const char*> patterns;    // applied in order, as llama.cpp's regex_exprs
+  bool ignore_merges;                   // whole word that is a token -> that token
 };
 const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
   static const std::vector<PreTokenizerSpec> specs = {
       // llama.cpp's names ("gpt2" is tandem's alias for "gpt-2").
       {{"gpt-2", "gpt2", "phi-2", "mpt", "olmo"}, {kGpt2Pattern}, false},
       {{"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"},
-       {"\\p{N}", kGpt2Pattern}, false},
+       {"\\p{N}", kGpt2Pattern},
+       false},
       {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {kLlama3Pattern}, true},
   };
   return specs;
@@ -194,8 +199,8 @@ class Regex {
     if (code == nullptr) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      return Internal("pre-tokenizer regex failed to compile at offset " +
-                      std::to_string(err_off) + ": " + reinterpret_cast<char*>(msg));
+      return Internal("pre-tokenizer regex failed to compile at offset " + std::to_string(err_off) +
+                      ": " + reinterpret_cast<char*>(msg));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // failure is fine: interpreter is used
     return std::shared_ptr<Regex>(new Regex(code));
@@ -212,8 +217,8 @@ class Regex {
       while (pos < len) {
         int rc = pcre2_match(code_, subject, len, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
         if (rc < -1) {  // JIT stack or match limit: retry with the heap-based interpreter
-          rc = pcre2_match(code_, subject, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
-                           nullptr);
+          rc =
+              pcre2_match(code_, subject, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
         }
         if (rc < 0) break;  // no match (or a hard error): the rest stays one piece
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
@@ -254,9 +259,7 @@ struct Scratch {
   struct Bigram {
     int32_t rank, left, right, left_id, right_id, result;
     // Heap order: lowest rank first, then leftmost (as llama.cpp's llm_bigram_bpe comparator).
-    bool operator<(const Bigram& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
+    bool operator<(const Bigram& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   static constexpr int32_t kDead = -2;
   std::vector<Symbol> symbols;
@@ -292,8 +295,8 @@ class BpeTokenizer final : public Tokenizer {
   void EncodeWord(std::string_view word, Scratch& s, std::vector<int32_t>* out) const;
   void TryPush(Scratch& s, int32_t left, int32_t right) const;
 
-  std::vector<std::string> pieces_;     // id -> raw bytes (TokenToPiece)
-  std::vector<uint8_t> eog_;            // id -> end-of-generation
+  std::vector<std::string> pieces_;                      // id -> raw bytes (TokenToPiece)
+  std::vector<uint8_t> eog_;                             // id -> end-of-generation
   std::unordered_map<std::string, int32_t> text_to_id_;  // byte-level text -> id
   std::array<int32_t, 256> byte_token_;  // raw byte -> id of its one-character token, or -1
   std::unordered_map<uint64_t, Merge> merges_;
@@ -328,8 +331,10 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
     return InvalidArgument("tokenizer has " + std::to_string(n) + " tokens but " +
                            std::to_string(v.token_types.size()) + " token types");
   }
-  for (auto [name, id] : {std::pair<const char*, int32_t>{"bos", v.bos_id}, {"eos", v.eos_id},
-                          {"unknown", v.unk_id}, {"padding", v.pad_id}}) {
+  for (auto [name, id] : {std::pair<const char*, int32_t>{"bos", v.bos_id},
+                          {"eos", v.eos_id},
+                          {"unknown", v.unk_id},
+                          {"padding", v.pad_id}}) {
     if (id < -1 || id >= n) {
       return InvalidArgument(std::string(name) + " token id " + std::to_string(id) +
                              " is outside the vocabulary of " + std::to_string(n));
@@ -347,8 +352,8 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
   }
 
   static constexpr std::string_view kEogTexts[] = {
-      "<|endoftext|>", "<|im_end|>", "<|eot_id|>",   "<|eom_id|>",
-      "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>"};
+      "<|endoftext|>",   "<|im_end|>",    "<|eot_id|>", "<|eom_id|>",
+      "<|end_of_text|>", "<end_of_turn>", "<|end|>",    "</s>"};
   tok->pieces_.resize(n);
   tok->eog_.assign(n, 0);
   tok->text_to_id_.reserve(n);
@@ -365,13 +370,14 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
         !text.empty()) {
       tok->specials_.push_back({text, id, type == kTypeUserDefined});
     }
-    if (id == v.eos_id || std::find(std::begin(kEogTexts), std::end(kEogTexts), text) !=
-                              std::end(kEogTexts)) {
+    if (id == v.eos_id ||
+        std::find(std::begin(kEogTexts), std::end(kEogTexts), text) != std::end(kEogTexts)) {
       tok->eog_[id] = 1;
     }
   }
-  std::stable_sort(tok->specials_.begin(), tok->specials_.end(),
-                   [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
+  std::stable_sort(
+      tok->specials_.begin(), tok->specials_.end(),
+      [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
 
   const ByteLevel& bl = GetByteLevel();
   for (int b = 0; b < 256; ++b) {
@@ -443,8 +449,7 @@ std::vector<int32_t> BpeTokenizer::Encode(std::string_view text, bool add_bos,
   return out;
 }
 
-void BpeTokenizer::EncodeText(std::string_view text, Scratch& s,
-                              std::vector<int32_t>* out) const {
+void BpeTokenizer::EncodeText(std::string_view text, Scratch& s, std::vector<int32_t>* out) const {
   // Ill-formed UTF-8 becomes one U+FFFD per bad byte, as llama.cpp's unicode_cpts_from_utf8.
   if (!IsValidUtf8(text)) {
     s.sanitized.clear();
@@ -473,8 +478,7 @@ void BpeTokenizer::TryPush(Scratch& s, int32_t left, int32_t right) const {
 // BPE over one pre-tokenized word. Invariant: every live symbol is a run of the word's bytes
 // whose byte-level text is token symbols[i].id (or -1 for a byte with no token), and the live
 // symbols, linked by prev/next, tile the word in order.
-void BpeTokenizer::EncodeWord(std::string_view word, Scratch& s,
-                              std::vector<int32_t>* out) const {
+void BpeTokenizer::EncodeWord(std::string_view word, Scratch& s, std::vector<int32_t>* out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     std::string encoded;
@@ -488,7 +492,8 @@ void BpeTokenizer::EncodeWord(std::string_view word, Scratch& s,
   const int32_t n = static_cast<int32_t>(word.size());
   s.symbols.resize(n);
   for (int32_t i = 0; i < n; ++i) {
-    s.symbols[i] = {byte_token_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
+    const int32_t id = byte_token_[static_cast<unsigned char>(word[i])];
+    s.symbols[i] = {id, i - 1, i + 1 < n ? i + 1 : -1};
   }
   s.heap.clear();
   for (int32_t i = 0; i + 1 < n; ++i) TryPush(s, i, i + 1);

@@ -35,13 +35,16 @@ struct VocabData {
 
 class Tokenizer {
  public:
-  // Refuses unsupported tokenizer models or pre-tokenizers with a clear InvalidArgument.
+  // Supports model "gpt2" (byte-level BPE) with the smollm/starcoder, gpt-2 and llama3 families
+  // of pre-tokenizers. Refuses: an empty vocabulary, unknown pre-tokenizers, merges naming
+  // unknown tokens (InvalidArgument); SentencePiece & other known models (Unimplemented).
   static StatusOr<std::unique_ptr<Tokenizer>> Create(const VocabData& vocab);
   virtual ~Tokenizer() = default;
 
   // Text -> token ids. add_bos prepends BOS (callers pass vocab.add_bos for raw completions).
-  // parse_special: text equal to a control/user-defined token (e.g. "<|im_start|>") becomes
-  // that token; otherwise such text is tokenized as plain bytes.
+  // parse_special: text equal to a control token (e.g. "<|im_start|>") becomes that token;
+  // otherwise such text is tokenized as plain bytes. User-defined tokens are always matched
+  // (as llama.cpp). Ill-formed UTF-8 is encoded as one U+FFFD per bad byte.
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_bos,
                                       bool parse_special) const = 0;
   // The raw bytes a token stands for (control tokens give their text). Empty for bad ids.

@@ -40,12 +40,14 @@ SEED = 1234
 LLAMA_OPTIONS = dict(
     n_ctx=4096,
     n_batch=512,
+    n_ubatch=512,
     n_threads=2,
     n_threads_batch=2,
     logits_all=False,
     seed=SEED,
     verbose=False,
-    # KV cache types left at their defaults (f16), flash attention at default.
+    flash_attn=False,  # llama-cpp-python's default
+    # KV cache types (type_k / type_v) left at their defaults (f16).
 )
 
 # --------------------------------------------------------------------------
