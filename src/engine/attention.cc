@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/fp16.h"
 
@@ -105,42 +106,54 @@ void AttendOneToken(const AttentionArgs& a, int pos, int kv_head, const float* q
   const bool vec = g_use_avx2 && hd % 8 == 0;
   const ScoreFn scores = vec ? ScoresAvx2 : ScoresScalar;
   const AccumulateFn accumulate = vec ? AccumulateAvx2 : AccumulateScalar;
-
-  const float* qg = q + static_cast<size_t>(kv_head) * g * hd;
-  float* og = out + static_cast<size_t>(kv_head) * g * hd;
-  std::fill(og, og + g * hd, 0.0f);
-  float running_max[kMaxGroup];
-  float running_sum[kMaxGroup];
-  std::fill(running_max, running_max + g, -INFINITY);
-  std::fill(running_sum, running_sum + g, 0.0f);
-  float s[kMaxGroup * 256];  // (g, bt) scores of one block; bt <= 256
-
   const int n_ctx = pos + 1;
-  for (int start = 0, bi = 0; start < n_ctx; start += bt, ++bi) {
-    const int32_t block = a.block_table[bi];
-    const int n = std::min(bt, n_ctx - start);
-    scores(qg, g, hd, a.kv->Keys(block, a.layer, kv_head), n, a.scale, s);
-    for (int gi = 0; gi < g; ++gi) {
-      float* sg = s + gi * n;
-      float m = running_max[gi];
+  const int n_blocks = (n_ctx + bt - 1) / bt;
+
+  // Queries rounded to fp16, as the cache's keys are (llama.cpp multiplies fp16 by fp16).
+  float qh[kMaxGroup * kMaxHeadDim];
+  const float* qsrc = q + static_cast<size_t>(kv_head) * g * hd;
+  for (int i = 0; i < g * hd; ++i) qh[i] = Fp16ToFp32(Fp32ToFp16(qsrc[i]));
+
+  // Pass 1: scores of the whole context, block by block: s is (n_blocks, g, bt).
+  thread_local std::vector<float> s;
+  s.resize(static_cast<size_t>(n_blocks) * g * bt);
+  for (int bi = 0; bi < n_blocks; ++bi) {
+    const int n = std::min(bt, n_ctx - bi * bt);
+    scores(qh, g, hd, a.kv->Keys(a.block_table[bi], a.layer, kv_head), n, a.scale,
+           &s[static_cast<size_t>(bi) * g * bt]);
+  }
+  // Softmax per query head (sum in double), probabilities rounded to fp16 as llama.cpp feeds
+  // them to its fp16 V product.
+  for (int gi = 0; gi < g; ++gi) {
+    float m = -INFINITY;
+    for (int bi = 0; bi < n_blocks; ++bi) {
+      const int n = std::min(bt, n_ctx - bi * bt);
+      const float* sg = &s[static_cast<size_t>(bi) * g * bt + gi * n];
       for (int j = 0; j < n; ++j) m = std::max(m, sg[j]);
-      const float correction = std::exp(running_max[gi] - m);
-      float sum = 0;
+    }
+    double sum = 0;
+    for (int bi = 0; bi < n_blocks; ++bi) {
+      const int n = std::min(bt, n_ctx - bi * bt);
+      float* sg = &s[static_cast<size_t>(bi) * g * bt + gi * n];
       for (int j = 0; j < n; ++j) {
         sg[j] = std::exp(sg[j] - m);
         sum += sg[j];
       }
-      running_sum[gi] = running_sum[gi] * correction + sum;
-      running_max[gi] = m;
-      if (correction != 1.0f) {
-        for (int d = 0; d < hd; ++d) og[gi * hd + d] *= correction;
-      }
     }
-    accumulate(s, g, hd, a.kv->Values(block, a.layer, kv_head), n, og);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int bi = 0; bi < n_blocks; ++bi) {
+      const int n = std::min(bt, n_ctx - bi * bt);
+      float* sg = &s[static_cast<size_t>(bi) * g * bt + gi * n];
+      for (int j = 0; j < n; ++j) sg[j] = Fp16ToFp32(Fp32ToFp16(sg[j] * inv));
+    }
   }
-  for (int gi = 0; gi < g; ++gi) {
-    const float inv = 1.0f / running_sum[gi];
-    for (int d = 0; d < hd; ++d) og[gi * hd + d] *= inv;
+  // Pass 2: weighted sum of values.
+  float* og = out + static_cast<size_t>(kv_head) * g * hd;
+  std::fill(og, og + g * hd, 0.0f);
+  for (int bi = 0; bi < n_blocks; ++bi) {
+    const int n = std::min(bt, n_ctx - bi * bt);
+    accumulate(&s[static_cast<size_t>(bi) * g * bt], g, hd,
+               a.kv->Values(a.block_table[bi], a.layer, kv_head), n, og);
   }
 }
 

@@ -20,7 +20,9 @@ struct AttentionArgs {
 // the query heads sharing kv head `kv_head`.
 //   q:   (n_heads, head_dim) fp32, the token's rotated queries
 //   out: (n_heads, head_dim) fp32; only the heads of this kv group are written
-// Uses a single pass with an online softmax; no scratch proportional to the context.
+// Two passes: all scores, then softmax and the weighted sum of values. Numerics follow
+// llama.cpp's CPU path (queries and probabilities rounded to fp16 before their products with
+// the fp16 cache) so that logits agree closely; scratch is a thread-local (g, context) buffer.
 void AttendOneToken(const AttentionArgs& args, int pos, int kv_head, const float* q, float* out);
 
 // Selects the AVX2 path when the CPU has it ("avx2") or forces the portable one ("scalar").

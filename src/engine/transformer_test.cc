@@ -82,7 +82,8 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // A plain float reference of the Llama forward pass for one sequence (dequantized weights,
-// float activations, K/V rounded to fp16 as the cache stores them). Returns logits of every
+// float activations; K, V, queries and attention probabilities rounded to fp16 as the engine
+// does). Returns logits of every
 // position, (n, vocab).
 std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>& tokens) {
   const auto& c = f.config;
@@ -131,6 +132,8 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
       matvec(wk, c.kv_dim(), c.dim, xn.data(), &k[t * c.kv_dim()]);
       matvec(wv, c.kv_dim(), c.dim, xn.data(), &v[t * c.kv_dim()]);
       for (int h = 0; h < c.n_heads; ++h) rope(&q[t * c.q_dim() + h * hd], t);
+      // Queries are rounded to fp16 like the cached keys (the engine follows llama.cpp here).
+      for (int i = 0; i < c.q_dim(); ++i) q[t * c.q_dim() + i] = Fp16ToFp32(Fp32ToFp16(q[t * c.q_dim() + i]));
       for (int h = 0; h < c.n_kv_heads; ++h) rope(&k[t * c.kv_dim() + h * hd], t);
       for (int i = 0; i < c.kv_dim(); ++i) {
         k[t * c.kv_dim() + i] = Fp16ToFp32(Fp32ToFp16(k[t * c.kv_dim() + i]));
@@ -152,7 +155,10 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
         for (auto& e : s) sum += (e = std::exp(e - mx));
         for (int e = 0; e < hd; ++e) {
           double acc = 0;
-          for (int j = 0; j <= t; ++j) acc += s[j] / sum * v[j * c.kv_dim() + kvh * hd + e];
+          for (int j = 0; j <= t; ++j) {
+            const float p = Fp16ToFp32(Fp32ToFp16(static_cast<float>(s[j] / sum)));  // as the engine
+            acc += p * v[j * c.kv_dim() + kvh * hd + e];
+          }
           att[h * hd + e] = static_cast<float>(acc);
         }
       }

@@ -4,6 +4,12 @@
 // matching "dot" type (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for K-quants, F16/BF16/F32 kept
 // as is), then dot products run over the blocks directly. Runtime dispatch picks AVX-512 or AVX2
 // code paths (scalar reference always available for tests).
+//
+// Numerics follow llama.cpp's CPU backend on x86: activation blocks are quantized exactly as its
+// AVX2 quantizers do (Q8_0/Q8_1: d = amax/127 stored fp16, q = round-half-even(x * 127/amax),
+// Q8_1 s = fp16(d * sum q); Q8_K: ggml's reference, see quant_blocks.h), F16/BF16 weights see
+// activations rounded to fp16/bf16, and integer block sums are exact. Results differ from
+// llama.cpp's only by float summation order (~1e-6 relative).
 #pragma once
 
 #include <cstdint>
@@ -24,18 +30,24 @@ struct WeightView {
 
 // y[m, rows] = x[m, cols] · W^T. x and y are row-major float32, y is overwritten.
 // pool may be null (single-threaded). Thread-safe for distinct outputs.
+// dtype must be a weight type (not Q8_1 / Q8_K) and cols a multiple of its block size; anything
+// else aborts. Output rows are split across the pool's threads when each gets enough work
+// (~256K multiply-adds); scratch memory is per thread and reused across calls.
 void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool* pool);
 
-// Dequantizes one row of n elements into dst (float32).
+// Dequantizes one row of n elements into dst (float32). Any DType, including Q8_1 / Q8_K.
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 
 // Quantizes n float32 values into `t` blocks (all weight types above, for tests and for
-// building GGUF files); n must be a multiple of the block size.
+// building GGUF files); n must be a multiple of the block size. Q4_0 / Q4_1 follow ggml's
+// reference quantizers; Q4_K / Q6_K use a simple scale choice (valid format, not llama.cpp's
+// error-optimal search); Q8_0 / Q8_1 / Q8_K are the activation quantizers described above.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
 
 // Which vector instruction set MatMul uses: "avx512", "avx2" or "scalar".
 const char* ActiveIsa();
 // Forces an instruction set (for tests and benchmarks); returns false if the CPU lacks it.
+// "auto" (or nullptr) returns to the detected one. Process-wide; not for use during a MatMul.
 bool ForceIsa(const char* isa);
 
 }  // namespace tandem::kernels

@@ -122,6 +122,8 @@ std::vector<uint8_t> GgufWriter::Serialize() const {
     offsets.push_back(offset);
     offset = (offset + t.bytes.size() + kAlignment - 1) / kAlignment * kAlignment;
   }
+  // No padding after the last tensor: the file ends with its data.
+  if (!tensors_.empty()) offset = offsets.back() + tensors_.back().bytes.size();
   out.resize((out.size() + kAlignment - 1) / kAlignment * kAlignment, 0);
   const size_t data_start = out.size();
   out.resize(data_start + offset, 0);

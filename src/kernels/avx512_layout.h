@@ -1,0 +1,167 @@
+// Packed layouts of the AVX-512 MatMul path (internal; include only from files compiled with
+// the AVX-512 flags).
+//
+// Quantized types work on groups of 128 elements; a row is zero-padded to `groups` groups. A
+// group is two 64-byte halves A and B; int32 lane L (0..15) of vpdpbusd sums the 4 products of
+// bytes 4L..4L+3 of A plus those of B, and the 8 elements a lane sees always share one weight
+// scale and one activation scale. Which elements go where ("order") depends on the type:
+//   kSplit (Q4_0, Q4_1, Q8_0): A = elements 0-15 of the group's 4 blocks of 32, B = elements
+//     16-31 (matches the low / high nibbles of Q4 blocks). Lanes 4b..4b+3 = block b.
+//   kLanes (Q4_K, Q6_K): lane L owns elements 8L..8L+3 (in A) and 8L+4..8L+7 (in B).
+//
+// Activation row (act_bytes):             Weight tile row (w_bytes):
+//   qa s8 [groups*128]  q                   qw u8 [groups*128]  weight integer, >= 0
+//   sa f32[groups*16]   lane scale          sw f32[groups*16]   lane scale
+//   ss f32[nmin16]      per min block:      mw f32[nmin16]      per min block additive term
+//                       scale * sum(q)
+// dot = sum over lanes of (sum qw*qa) * sw * sa + sum over min blocks of mw * ss.
+// Weights with an offset are stored as unsigned and the offset moves into mw: Q4_0 q - 8
+// -> mw = -8 d; Q8_0 q -> q + 128, mw = -128 d; Q6_K q - 32 -> mw = -32 d sc (per 16); Q4_1
+// mw = m; Q4_K mw = -dmin m. Min blocks are 16 elements for Q6_K, 32 otherwise.
+// Float types (F32/F16/BF16): both sides are plain f32 rows zero-padded to k16 elements.
+#pragma once
+
+#include <immintrin.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/isa.h"
+#include "kernels/types.h"
+
+namespace tandem::kernels::internal::avx512 {
+
+inline constexpr int kTileRows = 4;  // weight rows per packed tile
+
+inline bool IsFloat(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+struct QLayout {
+  int64_t k16;     // k rounded up to 16 (float types)
+  int64_t groups;  // 128-element groups
+  int64_t nmin16;  // min blocks, rounded up to 16
+  QLayout(int64_t k, DType t)
+      : k16(RoundUp(k, 16)),
+        groups((k + 127) / 128),
+        nmin16(RoundUp(t == DType::kQ6_K ? groups * 8 : groups * 4, 16)) {}
+  int64_t act_sa() const { return groups * 128; }
+  int64_t act_ss() const { return groups * 192; }
+  int64_t act_bytes() const { return groups * 192 + nmin16 * 4; }
+  int64_t w_sw() const { return groups * 128; }
+  int64_t w_mw() const { return groups * 192; }
+  int64_t w_bytes() const { return groups * 192 + nmin16 * 4; }
+};
+
+// permutex2var_epi32 indices building halves A (row 0) and B (row 1) from two source vectors
+// (indices >= 16 pick the second). pos(n) says where natural dword n of the group lives.
+template <typename Pos>
+constexpr std::array<std::array<int32_t, 16>, 2> MakeIdx(Pos pos) {
+  std::array<std::array<int32_t, 16>, 2> idx{};
+  for (int j = 0; j < 16; ++j) {
+    idx[0][j] = pos(2 * j);
+    idx[1][j] = pos(2 * j + 1);
+  }
+  return idx;
+}
+// kLanes order from sources = elements 0..63 and 64..127 in natural order.
+alignas(64) inline constexpr auto kIdxLanes = MakeIdx([](int n) { return n; });
+// kLanes order from sources = low / high nibbles of 64 Q4_K qs bytes
+// (low: elements 0-31 | 64-95 of the group, high: 32-63 | 96-127).
+alignas(64) inline constexpr auto kIdxQ4K = MakeIdx([](int n) {
+  return n < 8 ? n : n < 16 ? 16 + n - 8 : n < 24 ? n - 8 : n;
+});
+
+inline __m512i Combine(__m128i a, __m128i b, __m128i c, __m128i d) {
+  const __m512i v = _mm512_inserti32x4(_mm512_castsi128_si512(a), b, 1);
+  return _mm512_inserti32x4(_mm512_inserti32x4(v, c, 2), d, 3);
+}
+// 4 per-32-element scales (one per 32-bit element of s4) -> 16 lanes (4 each).
+inline __m512 Expand4(__m128 s4) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                               _mm512_castps128_ps512(s4));
+}
+// 4 scales in the even elements of s8 -> 16 lanes (4 each).
+inline __m512 Expand4Even(__m256 s8) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+                               _mm512_castps256_ps512(s8));
+}
+// 8 per-16-element scales -> 16 lanes (2 each).
+inline __m512 Expand8(__m256 s8) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                               _mm512_castps256_ps512(s8));
+}
+
+// One group (4 blocks) of a Q4_0 / Q4_1 / Q8_0 row in kSplit order, straight from the GGUF
+// bytes, zero-padded past nb blocks. a / b: the two halves as unsigned weight integers (Q8_0:
+// q + 128). f: the first two halves of each block as floats, d0 x0 d1 x1 d2 x2 d3 x3 (x = m for
+// Q4_1, junk otherwise).
+struct SplitGroup {
+  __m512i a, b;
+  __m256 f;
+};
+
+template <DType kType>
+inline SplitGroup LoadSplitGroup(const uint8_t* row, int64_t g, int64_t nb) {
+  static_assert(kType == DType::kQ4_0 || kType == DType::kQ4_1 || kType == DType::kQ8_0);
+  constexpr bool kQ8 = kType == DType::kQ8_0;
+  constexpr int kBB = kType == DType::kQ4_1 ? 20 : kType == DType::kQ4_0 ? 18 : 34;
+  constexpr int kQs = kType == DType::kQ4_1 ? 4 : 2;  // offset of the quants in a block
+  const uint8_t* blk = row + 4 * g * kBB;
+  auto load128 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  __m128i lo[4], hi[4];
+  __m128i dm;
+  if (nb - 4 * g >= 4) {
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      lo[b] = load128(blk + b * kBB + kQs);
+      if constexpr (kQ8) hi[b] = load128(blk + b * kBB + kQs + 16);
+    }
+    // The 16-bit words d (and m) of the 4 blocks, gathered with one word permute.
+    if constexpr (kQ8) {
+      // d_b lands in word 2b (odd words: junk).
+      const __m512i idx = _mm512_setr_epi32(0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      const __m512i w = _mm512_permutex2var_epi16(_mm512_loadu_si512(blk), idx, _mm512_loadu_si512(blk + 64));
+      dm = _mm512_castsi512_si128(w);
+    } else {
+      constexpr int kW = kBB / 2;  // words per block
+      const __m512i idx = _mm512_setr_epi32(0 | (1 << 16), kW | ((kW + 1) << 16), 2 * kW | ((2 * kW + 1) << 16),
+                                            3 * kW | ((3 * kW + 1) << 16), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      dm = _mm512_castsi512_si128(_mm512_permutexvar_epi16(idx, _mm512_loadu_si512(blk)));
+    }
+  } else {
+    alignas(16) int dms[4] = {0, 0, 0, 0};
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      if (4 * g + b < nb) {
+        lo[b] = load128(blk + b * kBB + kQs);
+        hi[b] = kQ8 ? load128(blk + b * kBB + kQs + 16) : _mm_setzero_si128();
+        uint32_t v = 0;
+        std::memcpy(&v, blk + b * kBB, kType == DType::kQ4_1 ? 4 : 2);
+        dms[b] = static_cast<int>(v);
+      } else {
+        lo[b] = hi[b] = _mm_setzero_si128();
+      }
+    }
+    dm = _mm_setr_epi32(dms[0], dms[1], dms[2], dms[3]);
+  }
+  SplitGroup s;
+  s.f = _mm256_cvtph_ps(dm);
+  if constexpr (kQ8) {
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    s.a = _mm512_xor_si512(Combine(lo[0], lo[1], lo[2], lo[3]), bias);
+    s.b = _mm512_xor_si512(Combine(hi[0], hi[1], hi[2], hi[3]), bias);
+  } else {
+    const __m512i v = Combine(lo[0], lo[1], lo[2], lo[3]);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    s.a = _mm512_and_si512(v, m4);
+    s.b = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+  }
+  return s;
+}
+
+// Packs one weight row (k elements of type t, GGUF layout) into a tile row.
+void PackRow(DType t, const uint8_t* src, int64_t k, uint8_t* dst);
+
+}  // namespace tandem::kernels::internal::avx512

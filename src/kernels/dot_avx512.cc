@@ -1,0 +1,405 @@
+// AVX-512 (F/BW/VL/DQ + VNNI) MatMul. Compiled with -mavx512* flags: only reached after the
+// runtime CPU check in matmul.cc.
+//
+// Activations are quantized once into int8 with per-lane float scales (layout in
+// avx512_layout.h). Weights are unpacked, 4 rows at a time, into a tile of unsigned 8-bit
+// integers in the matching layout; the 4 x C microkernel then needs two vpdpbusd, one convert,
+// one multiply and one FMA per (weight row, activation row, 128 elements), whatever the type.
+// With a single activation row (decode), Q4_0 / Q4_1 / Q8_0 and float rows are read straight
+// from the GGUF bytes instead, since nothing would amortize the packing.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/avx512_layout.h"
+#include "kernels/isa.h"
+#include "kernels/quant_blocks.h"
+
+namespace tandem::kernels::internal {
+namespace avx512 {
+namespace {
+
+constexpr int64_t kActChunkBytes = 384 << 10;  // activation rows per pass stay in L2
+
+inline __m512i Load(const void* p) { return _mm512_loadu_si512(p); }
+inline void Store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
+
+float RoundHalf(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+
+// ---- activations ----
+
+inline __m512i Rne(__m512 v) {
+  return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// Q8_0 / Q8_1 numerics (quant_blocks.h) in kSplit order, for Q4_0 / Q4_1 / Q8_0 weights.
+// ss per 32: Q4_1 (ggml's Q8_1 s) fp16(d * sum q); others fp16(d) * sum q. Values are
+// assembled in registers: a narrow store read back by a wide load stalls on store forwarding.
+void QuantActSplit(DType wtype, const float* x, int64_t k, uint8_t* dst) {
+  const QLayout L(k, wtype);
+  const int64_t nb = k / 32;
+  auto* sa = reinterpret_cast<float*>(dst + L.act_sa());
+  auto* ss = reinterpret_cast<float*>(dst + L.act_ss());
+  std::memset(ss, 0, L.nmin16 * sizeof(float));
+  for (int64_t g = 0; g < L.groups; ++g) {
+    __m128i part[8];
+    float dv[4], sv[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b) {
+      const int64_t blk = 4 * g + b;
+      if (blk >= nb) {
+        part[2 * b] = part[2 * b + 1] = _mm_setzero_si128();
+        dv[b] = sv[b] = 0;
+        continue;
+      }
+      const __m512 x0 = _mm512_loadu_ps(x + 32 * blk), x1 = _mm512_loadu_ps(x + 32 * blk + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      const float d = amax / 127.f;
+      const __m512 id = _mm512_set1_ps(amax != 0 ? 127.f / amax : 0.f);
+      const __m512i q0 = Rne(_mm512_mul_ps(x0, id)), q1 = Rne(_mm512_mul_ps(x1, id));
+      part[2 * b] = _mm512_cvtepi32_epi8(q0);
+      part[2 * b + 1] = _mm512_cvtepi32_epi8(q1);
+      dv[b] = RoundHalf(d);
+      const float sum = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+      sv[b] = wtype == DType::kQ4_1 ? RoundHalf(d * sum) : dv[b] * sum;
+    }
+    Store(dst + g * 128, Combine(part[0], part[2], part[4], part[6]));
+    Store(dst + g * 128 + 64, Combine(part[1], part[3], part[5], part[7]));
+    _mm512_storeu_ps(sa + 16 * g, Expand4(_mm_setr_ps(dv[0], dv[1], dv[2], dv[3])));
+    _mm_storeu_ps(ss + 4 * g, _mm_setr_ps(sv[0], sv[1], sv[2], sv[3]));
+  }
+}
+
+// Q8_K numerics (quant_blocks.h) in kLanes order. ss = d * sum q per 32 (Q4_K) or 16 (Q6_K).
+void QuantActQ8K(DType wtype, const float* x, int64_t k, uint8_t* dst) {
+  const QLayout L(k, wtype);
+  auto* sa = reinterpret_cast<float*>(dst + L.act_sa());
+  auto* ss = reinterpret_cast<float*>(dst + L.act_ss());
+  std::memset(ss, 0, L.nmin16 * sizeof(float));
+  const __m512i idx_a = Load(kIdxLanes[0].data()), idx_b = Load(kIdxLanes[1].data());
+  for (int64_t sb = 0; sb < k / 256; ++sb) {
+    const float* xs = x + 256 * sb;
+    __m128i part[16];
+    int bsum[16] = {};
+    float d = 0;
+    __m512 vmax = _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xs + 16 * i)));
+    const float amax = _mm512_reduce_max_ps(vmax);
+    if (amax == 0) {
+      for (auto& p : part) p = _mm_setzero_si128();
+    } else {
+      float max = 0;
+      for (int i = 0; i < 16; ++i) {  // the first element of largest magnitude, as ggml
+        const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(xs + 16 * i)),
+                                                 _mm512_set1_ps(amax), _CMP_EQ_OQ);
+        if (hit) {
+          max = xs[16 * i + __builtin_ctz(hit)];
+          break;
+        }
+      }
+      const float iscale = -127.f / max;
+      d = 1 / iscale;
+      const __m512 vis = _mm512_set1_ps(iscale);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const __m512i q = _mm512_min_epi32(Rne(_mm512_mul_ps(_mm512_loadu_ps(xs + 16 * i), vis)),
+                                           _mm512_set1_epi32(127));
+        part[i] = _mm512_cvtepi32_epi8(q);
+        bsum[i] = _mm512_reduce_add_epi32(q);
+      }
+    }
+    if (wtype == DType::kQ6_K) {
+      for (int j = 0; j < 16; ++j) ss[16 * sb + j] = d * static_cast<float>(bsum[j]);
+    } else {
+      for (int j = 0; j < 8; ++j) ss[8 * sb + j] = d * static_cast<float>(bsum[2 * j] + bsum[2 * j + 1]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m128i* p = part + 8 * h;
+      const __m512i n0 = Combine(p[0], p[1], p[2], p[3]), n1 = Combine(p[4], p[5], p[6], p[7]);
+      const int64_t g = 2 * sb + h;
+      Store(dst + g * 128, _mm512_permutex2var_epi32(n0, idx_a, n1));
+      Store(dst + g * 128 + 64, _mm512_permutex2var_epi32(n0, idx_b, n1));
+      _mm512_storeu_ps(sa + 16 * g, _mm512_set1_ps(d));
+    }
+  }
+}
+
+// Float activations, rounded through fp16 / bf16 when the weights are of that type.
+void ConvertActF(DType wtype, const float* x, int64_t k, uint8_t* dst) {
+  auto* out = reinterpret_cast<float*>(dst);
+  for (int64_t i = 0; i < RoundUp(k, 16); i += 16) {
+    const __mmask16 m = i + 16 <= k ? 0xFFFF : static_cast<__mmask16>((1u << (k - i)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    if (wtype == DType::kF16) {
+      v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if (wtype == DType::kBF16) {  // round to nearest even; NaN stays NaN
+      const __m512i bits = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+      const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      r = _mm512_mask_or_epi32(r, nan, bits, _mm512_set1_epi32(0x00400000));
+      v = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000))));
+    }
+    _mm512_storeu_ps(out + i, v);
+  }
+}
+
+int64_t ActRowBytes(DType wtype, int64_t k) {
+  if (IsFloat(wtype)) return RoundUp(k, 16) * 4;
+  return QLayout(k, wtype).act_bytes();
+}
+
+void QuantizeAct(DType wtype, const float* x, int64_t k, uint8_t* dst) {
+  switch (wtype) {
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ8_0: QuantActSplit(wtype, x, k, dst); return;
+    case DType::kQ4_K:
+    case DType::kQ6_K: QuantActQ8K(wtype, x, k, dst); return;
+    default: ConvertActF(wtype, x, k, dst); return;
+  }
+}
+
+// ---- microkernels ----
+
+// [sum a, sum b, sum c, sum d].
+inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Stores the first nr of 4 consecutive outputs.
+inline void Store4(float* y, __m128 v, int nr) {
+  if (nr == 4) {
+    _mm_storeu_ps(y, v);
+  } else {
+    alignas(16) float t[4];
+    _mm_store_ps(t, v);
+    for (int r = 0; r < nr; ++r) y[r] = t[r];
+  }
+}
+
+// Sum over each int32 lane of the products of unsigned w and signed a bytes, halves A and B.
+inline __m512i DotPair(__m512i w_a, __m512i w_b, __m512i a_a, __m512i a_b) {
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w_a, a_a), w_b, a_b);
+}
+
+// 4 packed weight rows x C activation rows, quantized types.
+template <int C>
+void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t astride,
+             const QLayout& L, float* y, int64_t ldy, int nr) {
+  __m512 acc[4][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < L.groups; ++g) {
+    __m512i a_a[C], a_b[C];
+    __m512 sa[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* a = act + c * astride;
+      a_a[c] = Load(a + g * 128);
+      a_b[c] = Load(a + g * 128 + 64);
+      sa[c] = _mm512_loadu_ps(a + L.act_sa() + g * 64);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* w = wt + r * wstride;
+      const __m512i w_a = Load(w + g * 128), w_b = Load(w + g * 128 + 64);
+      const __m512 sw = _mm512_loadu_ps(w + L.w_sw() + g * 64);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        const __m512i s = DotPair(w_a, w_b, a_a[c], a_b[c]);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sw, sa[c]), acc[r][c]);
+      }
+    }
+  }
+  for (int64_t b = 0; b < L.nmin16; b += 16) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512 s = _mm512_loadu_ps(act + c * astride + L.act_ss() + 4 * b);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const __m512 m = _mm512_loadu_ps(wt + r * wstride + L.w_mw() + 4 * b);
+        acc[r][c] = _mm512_fmadd_ps(m, s, acc[r][c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+}
+
+// 4 packed weight rows x C activation rows, float types.
+template <int C>
+void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t astride,
+             const QLayout& L, float* y, int64_t ldy, int nr) {
+  __m512 acc[4][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < L.k16; i += 16) {
+    __m512 a[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(act + c * astride) + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512 w = _mm512_loadu_ps(reinterpret_cast<const float*>(wt + r * wstride) + i);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(w, a[c], acc[r][c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+}
+
+// One activation row against up to 4 Q4_0 / Q4_1 / Q8_0 rows read straight from the GGUF
+// bytes (no packing: decode is the cost at m = 1). The min term uses f = d0 x0 d1 x1 .. times
+// the activation sums spread to the matching (odd for Q4_1, even otherwise) elements.
+template <DType kType>
+void DirectSplit(const uint8_t* src, int64_t src_row_bytes, int nr, const uint8_t* act,
+                 const QLayout& L, int64_t k, float* y) {
+  const int64_t nb = k / 32;
+  constexpr bool kQ41 = kType == DType::kQ4_1;
+  constexpr float kMinMul = kQ41 ? 1.f : kType == DType::kQ4_0 ? -8.f : -128.f;
+  const auto* sa = reinterpret_cast<const float*>(act + L.act_sa());
+  const auto* ss = reinterpret_cast<const float*>(act + L.act_ss());
+  const __m256i spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  __m512 acc[4];
+  __m256 accm[4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    accm[r] = _mm256_setzero_ps();
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    if (r >= nr) break;
+    const uint8_t* row = src + r * src_row_bytes;
+    for (int64_t g = 0; g < L.groups; ++g) {
+      const __m512i a_a = Load(act + g * 128), a_b = Load(act + g * 128 + 64);
+      const __m512 sav = _mm512_loadu_ps(sa + 16 * g);
+      const __m256 ssx = _mm256_permutexvar_ps(spread, _mm256_castps128_ps256(_mm_loadu_ps(ss + 4 * g)));
+      const SplitGroup s = LoadSplitGroup<kType>(row, g, nb);
+      const __m512i si = DotPair(s.a, s.b, a_a, a_b);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(Expand4Even(s.f), sav), acc[r]);
+      // Masked: the other elements of f may hold any bits (NaN * 0 would be NaN).
+      accm[r] = _mm256_mask3_fmadd_ps(s.f, ssx, accm[r], kQ41 ? 0xAA : 0x55);
+    }
+  }
+  const __m128 mins = _mm_mul_ps(
+      Reduce4(_mm512_castps256_ps512(accm[0]), _mm512_castps256_ps512(accm[1]),
+              _mm512_castps256_ps512(accm[2]), _mm512_castps256_ps512(accm[3])),
+      _mm_set1_ps(kMinMul));
+  Store4(y, _mm_add_ps(Reduce4(acc[0], acc[1], acc[2], acc[3]), mins), nr);
+}
+
+// One activation row against up to 4 F32 / F16 / BF16 rows, converted on the fly.
+template <DType kType>
+void DirectFloat(const uint8_t* src, int64_t src_row_bytes, int nr, const uint8_t* act,
+                 const QLayout& L, int64_t k, float* y) {
+  const auto* a = reinterpret_cast<const float*>(act);  // zero-padded to L.k16
+  __m512 acc[4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
+  auto load = [&](const uint8_t* row, int64_t i, __mmask16 m) {
+    if constexpr (kType == DType::kF32) {
+      return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
+      if constexpr (kType == DType::kF16) return _mm512_cvtph_ps(h);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  };
+  for (int r = 0; r < nr; ++r) {  // row by row: each row is one sequential stream
+    const uint8_t* row = src + r * src_row_bytes;
+    __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= k; i += 64) {
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        part[u] = _mm512_fmadd_ps(load(row, i + 16 * u, 0xFFFF), _mm512_loadu_ps(a + i + 16 * u), part[u]);
+      }
+    }
+    for (; i < k; i += 16) {
+      const __mmask16 m = i + 16 <= k ? 0xFFFF : static_cast<__mmask16>((1u << (k - i)) - 1);
+      part[0] = _mm512_fmadd_ps(load(row, i, m), _mm512_loadu_ps(a + i), part[0]);
+    }
+    acc[r] = _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3]));
+  }
+  Store4(y, Reduce4(acc[0], acc[1], acc[2], acc[3]), nr);
+}
+
+using KernelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, const QLayout&,
+                          float*, int64_t, int);
+using DirectFn = void (*)(const uint8_t*, int64_t, int, const uint8_t*, const QLayout&, int64_t,
+                          float*);
+
+DirectFn DirectFor(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return DirectSplit<DType::kQ4_0>;
+    case DType::kQ4_1: return DirectSplit<DType::kQ4_1>;
+    case DType::kQ8_0: return DirectSplit<DType::kQ8_0>;
+    case DType::kF32: return DirectFloat<DType::kF32>;
+    case DType::kF16: return DirectFloat<DType::kF16>;
+    case DType::kBF16: return DirectFloat<DType::kBF16>;
+    default: return nullptr;
+  }
+}
+
+void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m, int64_t r0,
+          int64_t r1, float* y, int64_t ldy) {
+  static constexpr KernelFn kQ[4] = {QKernel<1>, QKernel<2>, QKernel<3>, QKernel<4>};
+  static constexpr KernelFn kF[4] = {FKernel<1>, FKernel<2>, FKernel<3>, FKernel<4>};
+  const DType t = w.dtype;
+  const int64_t k = w.cols;
+  const QLayout L(k, t);
+  const int64_t src_row_bytes = RowBytes(t, k);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  if (const DirectFn direct = DirectFor(t); m == 1 && direct != nullptr) {
+    for (int64_t rr = r0; rr < r1; rr += kTileRows) {
+      const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
+      direct(src + rr * src_row_bytes, src_row_bytes, nr, act, L, k, y + rr);
+    }
+    return;
+  }
+  const int64_t tile_row_bytes = IsFloat(t) ? L.k16 * 4 : L.w_bytes();
+  uint8_t* tile = ThreadScratch(1, kTileRows * tile_row_bytes);
+  const KernelFn* kernels = IsFloat(t) ? kF : kQ;
+  const int64_t chunk = std::max<int64_t>(4, kActChunkBytes / act_row_bytes / 4 * 4);
+  for (int64_t c0 = 0; c0 < m; c0 += chunk) {
+    const int64_t c1 = std::min(m, c0 + chunk);
+    for (int64_t rr = r0; rr < r1; rr += kTileRows) {
+      const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
+      for (int i = 0; i < kTileRows; ++i) {
+        uint8_t* dst = tile + i * tile_row_bytes;
+        if (i < nr) {
+          PackRow(t, src + (rr + i) * src_row_bytes, k, dst);
+        } else {
+          std::memset(dst, 0, tile_row_bytes);
+        }
+      }
+      for (int64_t c = c0; c < c1; c += 4) {
+        const int nc = static_cast<int>(std::min<int64_t>(4, c1 - c));
+        kernels[nc - 1](tile, tile_row_bytes, act + c * act_row_bytes, act_row_bytes, L,
+                        y + c * ldy + rr, ldy, nr);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace avx512
+
+const IsaImpl* Avx512Isa() {
+  static const IsaImpl impl{"avx512", avx512::ActRowBytes, avx512::QuantizeAct, avx512::Gemm};
+  return &impl;
+}
+
+}  // namespace tandem::kernels::internal

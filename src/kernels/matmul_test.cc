@@ -1,0 +1,227 @@
+// MatMul tests: every weight type on every instruction set the CPU has, against a double
+// precision reference built from the dequantized weights and the quantized-then-dequantized
+// activations; odd shapes and several thread counts; vector paths against the scalar path.
+//
+// Tolerance: |y - ref| <= 5e-5 * S + 1e-6 with S = sum_i |w_i a_i| (plus |m * s| per block for
+// Q4_1). The integer block sums are exact, so only float rounding of scales and accumulation
+// remains (~1e-6 S); a wrong element, scale or block shows up as >= ~1/k of S.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/fp16.h"
+#include "common/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/quant_blocks.h"
+
+namespace tandem::kernels {
+namespace {
+
+constexpr double kRelTol = 5e-5;
+
+struct Problem {
+  DType t;
+  int64_t n, k, m;
+  std::vector<uint8_t> w;            // n rows of RowBytes(t, k)
+  std::vector<float> x;              // m x k activations
+  std::vector<double> ref, scale;    // m x n reference outputs and their error scale S
+};
+
+std::vector<float> Gaussian(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(count);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// The activation as the kernels see it: quantized to the paired type and decoded.
+std::vector<float> EffectiveActivation(DType t, const float* x, int64_t k) {
+  std::vector<float> out(k);
+  const DType at = ActType(t);
+  if (at == DType::kF32) {
+    out.assign(x, x + k);
+  } else if (at == DType::kF16) {
+    for (int64_t i = 0; i < k; ++i) out[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+  } else if (at == DType::kBF16) {
+    for (int64_t i = 0; i < k; ++i) out[i] = Bf16ToFp32(Fp32ToBf16(x[i]));
+  } else {
+    std::vector<uint8_t> q(RowBytes(at, k));
+    QuantizeRow(at, x, q.data(), k);
+    DequantizeRow(at, q.data(), out.data(), k);
+  }
+  return out;
+}
+
+Problem MakeProblem(DType t, int64_t n, int64_t k, int64_t m, uint32_t seed) {
+  Problem p{t, n, k, m, {}, Gaussian(m * k, seed + 1), {}, {}};
+  const int64_t rb = RowBytes(t, k);
+  p.w.resize(n * rb);
+  const auto wf = Gaussian(n * k, seed);
+  for (int64_t r = 0; r < n; ++r) QuantizeRow(t, wf.data() + r * k, p.w.data() + r * rb, k);
+  for (int i = 0; i < 5 && i < m * k; ++i) p.x[(i * 7919) % (m * k)] *= 20;  // a few outliers
+
+  std::vector<float> wd(n * k);
+  for (int64_t r = 0; r < n; ++r) DequantizeRow(t, p.w.data() + r * rb, wd.data() + r * k, k);
+  p.ref.assign(m * n, 0);
+  p.scale.assign(m * n, 0);
+  for (int64_t c = 0; c < m; ++c) {
+    const auto a = EffectiveActivation(t, p.x.data() + c * k, k);
+    std::vector<BlockQ8_1> a81(k / 32);
+    if (t == DType::kQ4_1) QuantizeRow(DType::kQ8_1, p.x.data() + c * k, a81.data(), k);
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0, abs = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        s += static_cast<double>(wd[r * k + i]) * a[i];
+        abs += std::fabs(static_cast<double>(wd[r * k + i]) * a[i]);
+      }
+      if (t == DType::kQ4_1) {
+        // ggml's Q4_1 dot uses the activation block sum s = fp16(d * sum q) for the min term
+        // instead of sum(fp16(d) * q): swap one for the other.
+        const auto* wb = reinterpret_cast<const BlockQ4_1*>(p.w.data() + r * rb);
+        for (int64_t b = 0; b < k / 32; ++b) {
+          double exact = 0;
+          for (int j = 0; j < 32; ++j) exact += a[32 * b + j];
+          const double mw = H2F(wb[b].m), sa = H2F(a81[b].s);
+          s += mw * (sa - exact);
+          abs += std::fabs(mw * sa);
+        }
+      }
+      p.ref[c * n + r] = s;
+      p.scale[c * n + r] = abs;
+    }
+  }
+  return p;
+}
+
+std::vector<float> RunMatMul(const Problem& p, ThreadPool* pool) {
+  std::vector<float> y(p.m * p.n, std::nanf(""));
+  MatMul(WeightView{p.t, p.n, p.k, p.w.data()}, p.x.data(), p.m, y.data(), pool);
+  return y;
+}
+
+void ExpectClose(const Problem& p, const std::vector<float>& y, const std::vector<double>& want,
+                 const std::string& what) {
+  int failures = 0;
+  for (int64_t i = 0; i < p.m * p.n && failures < 5; ++i) {
+    const double tol = kRelTol * p.scale[i] + 1e-6;
+    if (!(std::fabs(y[i] - want[i]) <= tol)) {
+      ADD_FAILURE() << what << " row " << i % p.n << " act " << i / p.n << ": got " << y[i]
+                    << " want " << want[i] << " tol " << tol;
+      ++failures;
+    }
+  }
+}
+
+}  // namespace
+
+// Readable test parameter names in failure messages.
+void PrintTo(DType t, std::ostream* os) { *os << GetDTypeInfo(t).name; }
+
+namespace {
+
+std::vector<const char*> AvailableIsas() {
+  std::vector<const char*> isas;
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    if (ForceIsa(isa)) isas.push_back(isa);
+  }
+  ForceIsa("auto");
+  return isas;
+}
+
+class MatMulTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void TearDown() override { ForceIsa("auto"); }
+};
+
+// k values per type: multiples of the block size that exercise partial 128-element groups
+// (AVX-512) and odd lengths for the float types.
+std::vector<int64_t> Lengths(DType t) {
+  switch (GetDTypeInfo(t).block_elems) {
+    case 1: return {100, 576, 7};
+    case 32: return {576, 96, 160, 1536};
+    default: return {512, 256, 1536};
+  }
+}
+
+TEST_P(MatMulTest, MatchesReferenceOnEveryIsa) {
+  const DType t = GetParam();
+  ThreadPool pool2(2), pool3(3);
+  uint32_t seed = 10;
+  for (int64_t k : Lengths(t)) {
+    for (int64_t m : {1, 3, 17}) {
+      const int64_t n = k >= 1536 ? 21 : 37;  // not a multiple of the 4-row tile or the grain
+      const Problem p = MakeProblem(t, n, k, m, seed++);
+      for (const char* isa : AvailableIsas()) {
+        ASSERT_TRUE(ForceIsa(isa));
+        const std::string what = std::string(GetDTypeInfo(t).name) + " " + isa +
+                                 " k=" + std::to_string(k) + " m=" + std::to_string(m);
+        ExpectClose(p, RunMatMul(p, nullptr), p.ref, what + " 1 thread");
+        ExpectClose(p, RunMatMul(p, &pool2), p.ref, what + " 2 threads");
+        ExpectClose(p, RunMatMul(p, &pool3), p.ref, what + " 3 threads");
+      }
+    }
+  }
+}
+
+// Many output rows (threads split them) and enough activation rows that the vector paths
+// process activations in several L2-sized chunks.
+TEST_P(MatMulTest, LargeShapesAgreeAcrossIsas) {
+  const DType t = GetParam();
+  const int64_t k = GetDTypeInfo(t).block_elems == 256 ? 1024 : 1088;
+  const Problem p = MakeProblem(t, 70, k, 420, 99);
+  ThreadPool pool(3);
+  ASSERT_TRUE(ForceIsa("scalar"));
+  const auto ys = RunMatMul(p, &pool);
+  ExpectClose(p, ys, p.ref, "scalar");
+  const std::vector<double> scalar(ys.begin(), ys.end());
+  for (const char* isa : AvailableIsas()) {
+    ASSERT_TRUE(ForceIsa(isa));
+    ExpectClose(p, RunMatMul(p, &pool), scalar, std::string(isa) + " vs scalar");
+  }
+}
+
+// Decode shape with enough output rows that MatMul splits them across threads.
+TEST_P(MatMulTest, SingleRowSplitAcrossThreads) {
+  const DType t = GetParam();
+  const Problem p = MakeProblem(t, 1000, 512, 1, 7);
+  ThreadPool pool(3);
+  for (const char* isa : AvailableIsas()) {
+    ASSERT_TRUE(ForceIsa(isa));
+    ExpectClose(p, RunMatMul(p, &pool), p.ref, std::string(isa) + " m=1 n=1000 3 threads");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest,
+                         ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K,
+                                           DType::kQ6_K, DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& info) { return std::string(GetDTypeInfo(info.param).name); });
+
+TEST(MatMulIsaTest, ForceAndReport) {
+  EXPECT_FALSE(ForceIsa("sse9"));
+  ASSERT_TRUE(ForceIsa("scalar"));
+  EXPECT_STREQ(ActiveIsa(), "scalar");
+  ASSERT_TRUE(ForceIsa("auto"));
+  const std::string detected = ActiveIsa();
+  EXPECT_TRUE(detected == "scalar" || detected == "avx2" || detected == "avx512") << detected;
+}
+
+// Zero activations and an all-zero block give exact zeros (no NaN from 0/0 scales).
+TEST(MatMulIsaTest, ZeroActivations) {
+  for (const char* isa : AvailableIsas()) {
+    ASSERT_TRUE(ForceIsa(isa));
+    for (DType t : {DType::kQ4_1, DType::kQ4_K, DType::kQ8_0, DType::kQ6_K}) {
+      Problem p = MakeProblem(t, 8, 256, 2, 5);
+      std::fill(p.x.begin(), p.x.end(), 0.0f);
+      for (float v : RunMatMul(p, nullptr)) EXPECT_EQ(v, 0.0f) << isa << " " << GetDTypeInfo(t).name;
+    }
+  }
+  ForceIsa("auto");
+}
+
+}  // namespace
+}  // namespace tandem::kernels
