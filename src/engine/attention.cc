@@ -13,147 +13,184 @@
 namespace tandem::engine {
 namespace {
 
-constexpr int kMaxGroup = 16;  // query heads per kv head
+constexpr int kMaxGroup = 16;       // query heads per kv head
 constexpr int kMaxHeadDim = 256;
+constexpr int kMaxRows = kMaxAttentionTile * kMaxGroup;
 
-// Scores of `g` query vectors against n keys: s[gi * n + j] = scale * q_gi · k_j.
-using ScoreFn = void (*)(const float* q, int g, int head_dim, const uint16_t* keys, int n,
-                         float scale, float* s);
-// acc_gi += sum_j p[gi * n + j] * v_j.
-using AccumulateFn = void (*)(const float* p, int g, int head_dim, const uint16_t* values, int n,
-                              float* acc);
+// Running state of one query row (one token, one query head).
+struct RowState {
+  float max;
+  float sum;
+};
 
-void ScoresScalar(const float* q, int g, int hd, const uint16_t* keys, int n, float scale,
-                  float* s) {
-  float k[kMaxHeadDim];
-  for (int j = 0; j < n; ++j) {
-    for (int d = 0; d < hd; ++d) k[d] = Fp16ToFp32(keys[j * hd + d]);
-    for (int gi = 0; gi < g; ++gi) {
-      float dot = 0;
-      for (int d = 0; d < hd; ++d) dot += q[gi * hd + d] * k[d];
-      s[gi * n + j] = dot * scale;
-    }
-  }
-}
-
-void AccumulateScalar(const float* p, int g, int hd, const uint16_t* values, int n, float* acc) {
-  float v[kMaxHeadDim];
-  for (int j = 0; j < n; ++j) {
-    for (int d = 0; d < hd; ++d) v[d] = Fp16ToFp32(values[j * hd + d]);
-    for (int gi = 0; gi < g; ++gi) {
-      const float w = p[gi * n + j];
-      for (int d = 0; d < hd; ++d) acc[gi * hd + d] += w * v[d];
-    }
-  }
-}
-
-__attribute__((target("avx2,fma,f16c"))) float HorizontalSum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-// head_dim must be a multiple of 8 for the vector paths (checked by the dispatcher).
-__attribute__((target("avx2,fma,f16c"))) void ScoresAvx2(const float* q, int g, int hd,
-                                                         const uint16_t* keys, int n, float scale,
-                                                         float* s) {
-  for (int j = 0; j < n; ++j) {
-    const uint16_t* k = keys + j * hd;
-    for (int gi = 0; gi < g; ++gi) {
-      const float* qg = q + gi * hd;
-      __m256 acc = _mm256_setzero_ps();
-      for (int d = 0; d < hd; d += 8) {
-        const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + d)));
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), kv, acc);
-      }
-      s[gi * n + j] = HorizontalSum(acc) * scale;
-    }
-  }
-}
-
-__attribute__((target("avx2,fma,f16c"))) void AccumulateAvx2(const float* p, int g, int hd,
-                                                             const uint16_t* values, int n,
-                                                             float* acc) {
-  for (int j = 0; j < n; ++j) {
-    const uint16_t* v = values + j * hd;
-    for (int d = 0; d < hd; d += 8) {
-      const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + d)));
+// Portable path. Keys of a block are stored (head_dim, block_tokens): k[d * bt + j].
+void TileScalar(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head, const float* q,
+                int64_t q_stride, float* out, int64_t out_stride) {
+  const KvCacheShape& sh = a.kv->shape();
+  const int hd = sh.head_dim, bt = sh.block_tokens, g = a.n_heads / sh.n_kv_heads;
+  const int rows = n_tokens * g;
+  thread_local std::vector<float> acc_buf;
+  acc_buf.assign(static_cast<size_t>(rows) * hd, 0.0f);
+  float* acc = acc_buf.data();
+  RowState st[kMaxRows];
+  for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
+  std::vector<float> s(bt), kf(static_cast<size_t>(hd) * bt), vf(static_cast<size_t>(bt) * hd);
+  const int last_pos = first_pos + n_tokens - 1;
+  for (int start = 0, bi = 0; start <= last_pos; start += bt, ++bi) {
+    const int32_t block = a.block_table[bi];
+    const uint16_t* kh = a.kv->Keys(block, a.layer, kv_head);
+    const uint16_t* vh = a.kv->Values(block, a.layer, kv_head);
+    const int n_block = std::min(bt, last_pos + 1 - start);
+    for (int i = 0; i < hd * bt; ++i) kf[i] = Fp16ToFp32(kh[i]);
+    for (int i = 0; i < n_block * hd; ++i) vf[i] = Fp16ToFp32(vh[i]);
+    for (int t = 0; t < n_tokens; ++t) {
+      const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
+      if (n <= 0) continue;
       for (int gi = 0; gi < g; ++gi) {
-        float* a = acc + gi * hd + d;
-        _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(p[gi * n + j]), vv, _mm256_loadu_ps(a)));
+        const int r = t * g + gi;
+        const float* qr = q + t * q_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
+        float m = st[r].max;
+        for (int j = 0; j < n; ++j) {
+          float dot = 0;
+          for (int d = 0; d < hd; ++d) dot += qr[d] * kf[d * bt + j];
+          s[j] = dot * a.scale;
+          m = std::max(m, s[j]);
+        }
+        const float corr = std::exp(st[r].max - m);
+        float sum = 0;
+        float* ar = acc + r * hd;
+        for (int d = 0; d < hd; ++d) ar[d] *= corr;
+        for (int j = 0; j < n; ++j) {
+          const float p = std::exp(s[j] - m);
+          sum += p;
+          for (int d = 0; d < hd; ++d) ar[d] += p * vf[j * hd + d];
+        }
+        st[r] = {m, st[r].sum * corr + sum};
+      }
+    }
+  }
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int gi = 0; gi < g; ++gi) {
+      const int r = t * g + gi;
+      float* o = out + t * out_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
+      const float inv = 1.0f / st[r].sum;
+      for (int d = 0; d < hd; ++d) o[d] = acc[r * hd + d] * inv;
+    }
+  }
+}
+
+// exp for 16 floats (range reduction + degree-6 polynomial; relative error ~2e-7).
+__attribute__((target("avx512f"))) __m512 Exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// AVX-512 path for block_tokens == 16 and head_dim % 16 == 0 (<= 256): one block's 16 scores
+// of a query row are one register (keys stored (head_dim, 16), so score = sum_d q[d] * K[d,:]).
+__attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a, int first_pos,
+                                                          int n_tokens, int kv_head,
+                                                          const float* q, int64_t q_stride,
+                                                          float* out, int64_t out_stride) {
+  const KvCacheShape& sh = a.kv->shape();
+  const int hd = sh.head_dim, g = a.n_heads / sh.n_kv_heads;
+  const int rows = n_tokens * g;
+  const int nv = hd / 16;  // vectors per head row
+  // (rows, head_dim) accumulators.
+  thread_local std::vector<float> acc_buf;
+  acc_buf.assign(static_cast<size_t>(rows) * hd, 0.0f);
+  float* acc = acc_buf.data();
+  alignas(64) float kf[kMaxHeadDim * 16];
+  alignas(64) float vf[16 * kMaxHeadDim];
+  RowState st[kMaxRows];
+  for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const int last_pos = first_pos + n_tokens - 1;
+  for (int start = 0, bi = 0; start <= last_pos; start += 16, ++bi) {
+    const int32_t block = a.block_table[bi];
+    const uint16_t* kh = a.kv->Keys(block, a.layer, kv_head);
+    const uint16_t* vh = a.kv->Values(block, a.layer, kv_head);
+    const int n_block = std::min(16, last_pos + 1 - start);
+    for (int d = 0; d < hd; ++d) {
+      _mm512_store_ps(kf + d * 16, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                       reinterpret_cast<const __m256i*>(kh + d * 16))));
+    }
+    for (int i = 0; i < n_block * hd; i += 16) {
+      _mm512_store_ps(vf + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i*>(vh + i))));
+    }
+    for (int t = 0; t < n_tokens; ++t) {
+      const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
+      if (n <= 0) continue;
+      const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+      for (int gi = 0; gi < g; ++gi) {
+        const int r = t * g + gi;
+        const float* qr = q + t * q_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 2) {
+          s0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_load_ps(kf + d * 16), s0);
+          s1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_load_ps(kf + (d + 1) * 16), s1);
+        }
+        const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY),
+                                              _mm512_mul_ps(_mm512_add_ps(s0, s1), scale));
+        const float m = std::max(st[r].max, _mm512_reduce_max_ps(s));
+        const float corr = std::exp(st[r].max - m);
+        const __m512 p = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        st[r] = {m, st[r].sum * corr + _mm512_reduce_add_ps(p)};
+        alignas(64) float pj[16];
+        _mm512_store_ps(pj, p);
+        float* ar = acc + r * hd;
+        for (int v = 0; v < nv; ++v) {
+          __m512 av = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * v), _mm512_set1_ps(corr));
+          for (int j = 0; j < n; ++j) {
+            av = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_load_ps(vf + j * hd + 16 * v), av);
+          }
+          _mm512_storeu_ps(ar + 16 * v, av);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int gi = 0; gi < g; ++gi) {
+      const int r = t * g + gi;
+      float* o = out + t * out_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
+      const __m512 inv = _mm512_set1_ps(1.0f / st[r].sum);
+      for (int v = 0; v < nv; ++v) {
+        _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc + r * hd + 16 * v), inv));
       }
     }
   }
 }
 
-bool UseAvx2Default() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-bool g_use_avx2 = UseAvx2Default();
+bool CpuHasAvx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
+         __builtin_cpu_supports("fma");
+}
+bool g_use_avx512 = CpuHasAvx512();
 
 }  // namespace
 
 void SetAttentionIsa(const char* isa) {
-  g_use_avx2 = std::string(isa) == "avx2" && UseAvx2Default();
+  g_use_avx512 = std::string(isa) == "avx512" && CpuHasAvx512();
 }
 
-void AttendOneToken(const AttentionArgs& a, int pos, int kv_head, const float* q, float* out) {
+void AttendTile(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head, const float* q,
+                int64_t q_stride, float* out, int64_t out_stride) {
   const KvCacheShape& sh = a.kv->shape();
-  const int hd = sh.head_dim;
-  const int g = a.n_heads / sh.n_kv_heads;
-  const int bt = sh.block_tokens;
-  const bool vec = g_use_avx2 && hd % 8 == 0;
-  const ScoreFn scores = vec ? ScoresAvx2 : ScoresScalar;
-  const AccumulateFn accumulate = vec ? AccumulateAvx2 : AccumulateScalar;
-  const int n_ctx = pos + 1;
-  const int n_blocks = (n_ctx + bt - 1) / bt;
-
-  // Queries rounded to fp16, as the cache's keys are (llama.cpp multiplies fp16 by fp16).
-  float qh[kMaxGroup * kMaxHeadDim];
-  const float* qsrc = q + static_cast<size_t>(kv_head) * g * hd;
-  for (int i = 0; i < g * hd; ++i) qh[i] = Fp16ToFp32(Fp32ToFp16(qsrc[i]));
-
-  // Pass 1: scores of the whole context, block by block: s is (n_blocks, g, bt).
-  thread_local std::vector<float> s;
-  s.resize(static_cast<size_t>(n_blocks) * g * bt);
-  for (int bi = 0; bi < n_blocks; ++bi) {
-    const int n = std::min(bt, n_ctx - bi * bt);
-    scores(qh, g, hd, a.kv->Keys(a.block_table[bi], a.layer, kv_head), n, a.scale,
-           &s[static_cast<size_t>(bi) * g * bt]);
-  }
-  // Softmax per query head (sum in double), probabilities rounded to fp16 as llama.cpp feeds
-  // them to its fp16 V product.
-  for (int gi = 0; gi < g; ++gi) {
-    float m = -INFINITY;
-    for (int bi = 0; bi < n_blocks; ++bi) {
-      const int n = std::min(bt, n_ctx - bi * bt);
-      const float* sg = &s[static_cast<size_t>(bi) * g * bt + gi * n];
-      for (int j = 0; j < n; ++j) m = std::max(m, sg[j]);
-    }
-    double sum = 0;
-    for (int bi = 0; bi < n_blocks; ++bi) {
-      const int n = std::min(bt, n_ctx - bi * bt);
-      float* sg = &s[static_cast<size_t>(bi) * g * bt + gi * n];
-      for (int j = 0; j < n; ++j) {
-        sg[j] = std::exp(sg[j] - m);
-        sum += sg[j];
-      }
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int bi = 0; bi < n_blocks; ++bi) {
-      const int n = std::min(bt, n_ctx - bi * bt);
-      float* sg = &s[static_cast<size_t>(bi) * g * bt + gi * n];
-      for (int j = 0; j < n; ++j) sg[j] = Fp16ToFp32(Fp32ToFp16(sg[j] * inv));
-    }
-  }
-  // Pass 2: weighted sum of values.
-  float* og = out + static_cast<size_t>(kv_head) * g * hd;
-  std::fill(og, og + g * hd, 0.0f);
-  for (int bi = 0; bi < n_blocks; ++bi) {
-    const int n = std::min(bt, n_ctx - bi * bt);
-    accumulate(&s[static_cast<size_t>(bi) * g * bt], g, hd,
-               a.kv->Values(a.block_table[bi], a.layer, kv_head), n, og);
+  if (g_use_avx512 && sh.block_tokens == 16 && sh.head_dim % 16 == 0) {
+    Tile512(a, first_pos, n_tokens, kv_head, q, q_stride, out, out_stride);
+  } else {
+    TileScalar(a, first_pos, n_tokens, kv_head, q, q_stride, out, out_stride);
   }
 }
 

@@ -1,4 +1,8 @@
 // Causal attention of query tokens over a sequence's paged KV cache (fp16 K/V, fp32 math).
+//
+// Flash-attention style: key/value blocks are streamed once per tile of query tokens with an
+// online softmax, so scratch does not grow with the context and each cached block is converted
+// from fp16 once per tile rather than once per query.
 #pragma once
 
 #include <cstdint>
@@ -16,16 +20,18 @@ struct AttentionArgs {
   float scale;                           // usually 1/sqrt(head_dim)
 };
 
-// For one query token at position `pos`, attends over positions [0, pos] of the sequence, for
-// the query heads sharing kv head `kv_head`.
-//   q:   (n_heads, head_dim) fp32, the token's rotated queries
-//   out: (n_heads, head_dim) fp32; only the heads of this kv group are written
-// Two passes: all scores, then softmax and the weighted sum of values. Numerics follow
-// llama.cpp's CPU path (queries and probabilities rounded to fp16 before their products with
-// the fp16 cache) so that logits agree closely; scratch is a thread-local (g, context) buffer.
-void AttendOneToken(const AttentionArgs& args, int pos, int kv_head, const float* q, float* out);
+// Attention for `n_tokens` consecutive query tokens at positions first_pos.. (each attending to
+// positions [0, its own]) and the query heads of kv head `kv_head`.
+//   q:   token t's queries at q + t * q_stride, laid out (n_heads, head_dim) fp32
+//   out: token t's output at out + t * out_stride, same layout; only this kv group's heads
+//        are written
+// n_tokens <= kMaxAttentionTile.
+constexpr int kMaxAttentionTile = 16;
+void AttendTile(const AttentionArgs& args, int first_pos, int n_tokens, int kv_head,
+                const float* q, int64_t q_stride, float* out, int64_t out_stride);
 
-// Selects the AVX2 path when the CPU has it ("avx2") or forces the portable one ("scalar").
+// Selects the AVX-512 path when the CPU has it ("avx512") or forces the portable one
+// ("scalar"); for tests.
 void SetAttentionIsa(const char* isa);
 
 }  // namespace tandem::engine

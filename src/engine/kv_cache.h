@@ -3,7 +3,8 @@
 // Memory layout (one contiguous, 64-byte aligned buffer):
 //   block b, layer l  ->  a "layer slice" of LayerSliceBytes() at byte
 //                         ((b * n_layers) + l) * LayerSliceBytes()
-//   inside a slice:       K (n_kv_heads, block_tokens, head_dim) fp16, then
+//   inside a slice:       K (n_kv_heads, head_dim, block_tokens) fp16 (keys transposed, so
+//                         one dimension of a block's keys is contiguous for attention), then
 //                         V (n_kv_heads, block_tokens, head_dim) fp16
 // So one layer of one block is one contiguous range: the unit the transfer engine moves, and
 // layer-wise streaming of a request is a list of (offset, length) pairs.
@@ -42,12 +43,14 @@ class PagedKvCache {
     return (static_cast<size_t>(block) * shape_.n_layers + layer) * layer_slice_bytes_;
   }
 
-  // (block_tokens, head_dim) fp16 keys of one kv head in one block and layer.
+  // (head_dim, block_tokens) fp16 keys of one kv head in one block and layer: element
+  // [d * block_tokens + slot].
   uint16_t* Keys(int32_t block, int layer, int kv_head) {
     return reinterpret_cast<uint16_t*>(data_.get() + LayerSliceOffset(block, layer)) +
            static_cast<size_t>(kv_head) * shape_.block_tokens * shape_.head_dim;
   }
-  // Same shape; values follow all keys of the slice.
+  // (block_tokens, head_dim) fp16 values: element [slot * head_dim + d]. Values follow all
+  // keys of the slice.
   uint16_t* Values(int32_t block, int layer, int kv_head) {
     return Keys(block, layer, kv_head) +
            static_cast<size_t>(shape_.n_kv_heads) * shape_.block_tokens * shape_.head_dim;

@@ -98,10 +98,10 @@ void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, in
     for (int h = 0; h < config_.n_kv_heads; ++h) {
       const float* ks = &k_[(t * config_.n_kv_heads + h) * hd];
       const float* vs = &v_[(t * config_.n_kv_heads + h) * hd];
-      uint16_t* kd = kv.Keys(block, layer, h) + slot * hd;
+      uint16_t* kd = kv.Keys(block, layer, h) + slot;  // (head_dim, block_tokens)
       uint16_t* vd = kv.Values(block, layer, h) + slot * hd;
       for (int d = 0; d < hd; ++d) {
-        kd[d] = Fp32ToFp16(ks[d]);
+        kd[d * bt] = Fp32ToFp16(ks[d]);
         vd[d] = Fp32ToFp16(vs[d]);
       }
     }
@@ -112,15 +112,25 @@ void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, in
 void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {
   const int n_kv = config_.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  const int64_t tasks = static_cast<int64_t>(token_pos_.size()) * n_kv;
+  // Tasks: (item, tile of up to kMaxAttentionTile consecutive tokens, kv head).
+  tiles_.clear();
+  for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
+    const int n = static_cast<int>(batch[i].tokens.size());
+    for (int s = 0; s < n; s += kMaxAttentionTile) {
+      tiles_.push_back({static_cast<int>(i), static_cast<int>(t + s), std::min(kMaxAttentionTile, n - s)});
+    }
+    t += n;
+  }
+  const int64_t tasks = static_cast<int64_t>(tiles_.size()) * n_kv;
+  const int64_t qd = config_.q_dim();
   auto run = [&](int64_t begin, int64_t end, int) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / n_kv;
+      const auto& tile = tiles_[task / n_kv];
       const int kv_head = static_cast<int>(task % n_kv);
-      const BatchItem& item = batch[token_item_[t]];
+      const BatchItem& item = batch[tile.item];
       AttentionArgs args{&kv, layer, item.block_table, config_.n_heads, scale};
-      AttendOneToken(args, token_pos_[t], kv_head, &q_[t * config_.q_dim()],
-                     &attn_[t * config_.q_dim()]);
+      AttendTile(args, token_pos_[tile.first_token], tile.n, kv_head, &q_[tile.first_token * qd], qd,
+                 &attn_[tile.first_token * qd], qd);
     }
   };
   if (pool_ != nullptr) {

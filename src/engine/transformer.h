@@ -72,6 +72,12 @@ class Transformer {
   std::vector<float> rope_sin_;  // (T, rope_dim / 2)
   std::vector<int32_t> token_pos_;   // (T) position of each token
   std::vector<int32_t> token_item_;  // (T) batch item of each token
+  struct AttentionTile {
+    int item;         // batch item
+    int first_token;  // row of its first token in the step's (T, ...) matrices
+    int n;            // tokens in the tile
+  };
+  std::vector<AttentionTile> tiles_;
 };
 
 }  // namespace tandem::engine

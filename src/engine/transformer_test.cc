@@ -82,8 +82,7 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // A plain float reference of the Llama forward pass for one sequence (dequantized weights,
-// float activations; K, V, queries and attention probabilities rounded to fp16 as the engine
-// does). Returns logits of every
+// float activations, K/V rounded to fp16 as the cache stores them). Returns logits of every
 // position, (n, vocab).
 std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>& tokens) {
   const auto& c = f.config;
@@ -132,8 +131,6 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
       matvec(wk, c.kv_dim(), c.dim, xn.data(), &k[t * c.kv_dim()]);
       matvec(wv, c.kv_dim(), c.dim, xn.data(), &v[t * c.kv_dim()]);
       for (int h = 0; h < c.n_heads; ++h) rope(&q[t * c.q_dim() + h * hd], t);
-      // Queries are rounded to fp16 like the cached keys (the engine follows llama.cpp here).
-      for (int i = 0; i < c.q_dim(); ++i) q[t * c.q_dim() + i] = Fp16ToFp32(Fp32ToFp16(q[t * c.q_dim() + i]));
       for (int h = 0; h < c.n_kv_heads; ++h) rope(&k[t * c.kv_dim() + h * hd], t);
       for (int i = 0; i < c.kv_dim(); ++i) {
         k[t * c.kv_dim() + i] = Fp16ToFp32(Fp32ToFp16(k[t * c.kv_dim() + i]));
@@ -155,10 +152,7 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
         for (auto& e : s) sum += (e = std::exp(e - mx));
         for (int e = 0; e < hd; ++e) {
           double acc = 0;
-          for (int j = 0; j <= t; ++j) {
-            const float p = Fp16ToFp32(Fp32ToFp16(static_cast<float>(s[j] / sum)));  // as the engine
-            acc += p * v[j * c.kv_dim() + kvh * hd + e];
-          }
+          for (int j = 0; j <= t; ++j) acc += s[j] / sum * v[j * c.kv_dim() + kvh * hd + e];
           att[h * hd + e] = static_cast<float>(acc);
         }
       }
@@ -183,11 +177,14 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
 
 // With float weights the only approximations left are the fp16 KV cache (shared with the
 // reference) and summation order: logits must agree closely at every position.
-TEST(TransformerTest, MatchesFloatReference) {
+class TransformerBlockSizeTest : public ::testing::TestWithParam<int> {};
+
+// Block size 8 exercises the portable attention, 16 the vector one (where the CPU has it).
+TEST_P(TransformerBlockSizeTest, MatchesFloatReference) {
   testing::TinyLlamaSpec spec;
   spec.matrix_dtype = DType::kF32;
   spec.embd_dtype = DType::kF32;
-  Fixture f(spec);
+  Fixture f(spec, /*threads=*/2, /*block_tokens=*/GetParam());
   const auto tokens = RandomTokens(21, spec.vocab, 3);
   const auto ref = ReferenceForward(f, tokens);
   // Feed the first 13 as one prefill chunk, then the rest one at a time (decode).
@@ -202,6 +199,7 @@ TEST(TransformerTest, MatchesFloatReference) {
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(BlockTokens, TransformerBlockSizeTest, ::testing::Values(8, 16));
 
 // Quantized weights: the reference uses the same dequantized weights but float activations,
 // so the gap is the activation quantization (Q8) only.
@@ -278,12 +276,14 @@ TEST(TransformerTest, ScatteredBlocksAndChunksEqualContiguous) {
 
 TEST(TransformerTest, AttentionIsaPathsAgree) {
   testing::TinyLlamaSpec spec;
-  Fixture f(spec);
+  spec.dim = 128;  // head_dim 32; the vector path needs 16-token blocks
+  Fixture f(spec, /*threads=*/2, /*block_tokens=*/16);
   const auto tokens = RandomTokens(40, spec.vocab, 31);
   SetAttentionIsa("scalar");
   const auto scalar = f.RunAlone(tokens, {}, Range(0, 5));
-  SetAttentionIsa("avx2");
+  SetAttentionIsa("avx512");
   const auto vec = f.RunAlone(tokens, {}, Range(0, 5));
+  SetAttentionIsa("avx512");
   EXPECT_LT(MaxAbsDiff(scalar, vec), 1e-4f);
 }
 
