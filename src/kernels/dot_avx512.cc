@@ -5,8 +5,8 @@
 // avx512_layout.h). Weights are unpacked, 4 rows at a time, into a tile of unsigned 8-bit
 // integers in the matching layout; the 4 x C microkernel then needs two vpdpbusd, one convert,
 // one multiply and one FMA per (weight row, activation row, 128 elements), whatever the type.
-// With a single activation row (decode), Q4_0 / Q4_1 / Q8_0 and float rows are read straight
-// from the GGUF bytes instead, since nothing would amortize the packing.
+// Every activation row takes this same path, whatever m is, so an output row is bit-identical
+// whether it was computed alone (decode) or in a batch: batching never changes results.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -259,100 +259,8 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
   for (int c = 0; c < C; ++c) Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
 }
 
-// One activation row against up to 4 Q4_0 / Q4_1 / Q8_0 rows read straight from the GGUF
-// bytes (no packing: decode is the cost at m = 1). The min term uses f = d0 x0 d1 x1 .. times
-// the activation sums spread to the matching (odd for Q4_1, even otherwise) elements.
-template <DType kType>
-void DirectSplit(const uint8_t* src, int64_t src_row_bytes, int nr, const uint8_t* act,
-                 const QLayout& L, int64_t k, float* y) {
-  const int64_t nb = k / 32;
-  constexpr bool kQ41 = kType == DType::kQ4_1;
-  constexpr float kMinMul = kQ41 ? 1.f : kType == DType::kQ4_0 ? -8.f : -128.f;
-  const auto* sa = reinterpret_cast<const float*>(act + L.act_sa());
-  const auto* ss = reinterpret_cast<const float*>(act + L.act_ss());
-  const __m256i spread = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-  __m512 acc[4];
-  __m256 accm[4];
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r) {
-    acc[r] = _mm512_setzero_ps();
-    accm[r] = _mm256_setzero_ps();
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r) {
-    if (r >= nr) break;
-    const uint8_t* row = src + r * src_row_bytes;
-    for (int64_t g = 0; g < L.groups; ++g) {
-      const __m512i a_a = Load(act + g * 128), a_b = Load(act + g * 128 + 64);
-      const __m512 sav = _mm512_loadu_ps(sa + 16 * g);
-      const __m256 ssx = _mm256_permutexvar_ps(spread, _mm256_castps128_ps256(_mm_loadu_ps(ss + 4 * g)));
-      const SplitGroup s = LoadSplitGroup<kType>(row, g, nb);
-      const __m512i si = DotPair(s.a, s.b, a_a, a_b);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(Expand4Even(s.f), sav), acc[r]);
-      // Masked: the other elements of f may hold any bits (NaN * 0 would be NaN).
-      accm[r] = _mm256_mask3_fmadd_ps(s.f, ssx, accm[r], kQ41 ? 0xAA : 0x55);
-    }
-  }
-  const __m128 mins = _mm_mul_ps(
-      Reduce4(_mm512_castps256_ps512(accm[0]), _mm512_castps256_ps512(accm[1]),
-              _mm512_castps256_ps512(accm[2]), _mm512_castps256_ps512(accm[3])),
-      _mm_set1_ps(kMinMul));
-  Store4(y, _mm_add_ps(Reduce4(acc[0], acc[1], acc[2], acc[3]), mins), nr);
-}
-
-// One activation row against up to 4 F32 / F16 / BF16 rows, converted on the fly.
-template <DType kType>
-void DirectFloat(const uint8_t* src, int64_t src_row_bytes, int nr, const uint8_t* act,
-                 const QLayout& L, int64_t k, float* y) {
-  const auto* a = reinterpret_cast<const float*>(act);  // zero-padded to L.k16
-  __m512 acc[4];
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
-  auto load = [&](const uint8_t* row, int64_t i, __mmask16 m) {
-    if constexpr (kType == DType::kF32) {
-      return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + i);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + i);
-      if constexpr (kType == DType::kF16) return _mm512_cvtph_ps(h);
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-  };
-  for (int r = 0; r < nr; ++r) {  // row by row: each row is one sequential stream
-    const uint8_t* row = src + r * src_row_bytes;
-    __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    int64_t i = 0;
-    for (; i + 64 <= k; i += 64) {
-#pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) {
-        part[u] = _mm512_fmadd_ps(load(row, i + 16 * u, 0xFFFF), _mm512_loadu_ps(a + i + 16 * u), part[u]);
-      }
-    }
-    for (; i < k; i += 16) {
-      const __mmask16 m = i + 16 <= k ? 0xFFFF : static_cast<__mmask16>((1u << (k - i)) - 1);
-      part[0] = _mm512_fmadd_ps(load(row, i, m), _mm512_loadu_ps(a + i), part[0]);
-    }
-    acc[r] = _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3]));
-  }
-  Store4(y, Reduce4(acc[0], acc[1], acc[2], acc[3]), nr);
-}
-
 using KernelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, const QLayout&,
                           float*, int64_t, int);
-using DirectFn = void (*)(const uint8_t*, int64_t, int, const uint8_t*, const QLayout&, int64_t,
-                          float*);
-
-DirectFn DirectFor(DType t) {
-  switch (t) {
-    case DType::kQ4_0: return DirectSplit<DType::kQ4_0>;
-    case DType::kQ4_1: return DirectSplit<DType::kQ4_1>;
-    case DType::kQ8_0: return DirectSplit<DType::kQ8_0>;
-    case DType::kF32: return DirectFloat<DType::kF32>;
-    case DType::kF16: return DirectFloat<DType::kF16>;
-    case DType::kBF16: return DirectFloat<DType::kBF16>;
-    default: return nullptr;
-  }
-}
-
 void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m, int64_t r0,
           int64_t r1, float* y, int64_t ldy) {
   static constexpr KernelFn kQ[4] = {QKernel<1>, QKernel<2>, QKernel<3>, QKernel<4>};
@@ -362,13 +270,6 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
   const QLayout L(k, t);
   const int64_t src_row_bytes = RowBytes(t, k);
   const auto* src = static_cast<const uint8_t*>(w.data);
-  if (const DirectFn direct = DirectFor(t); m == 1 && direct != nullptr) {
-    for (int64_t rr = r0; rr < r1; rr += kTileRows) {
-      const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
-      direct(src + rr * src_row_bytes, src_row_bytes, nr, act, L, k, y + rr);
-    }
-    return;
-  }
   const int64_t tile_row_bytes = IsFloat(t) ? L.k16 * 4 : L.w_bytes();
   uint8_t* tile = ThreadScratch(1, kTileRows * tile_row_bytes);
   const KernelFn* kernels = IsFloat(t) ? kF : kQ;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -193,6 +194,31 @@ TEST_P(MatMulTest, SingleRowSplitAcrossThreads) {
   for (const char* isa : AvailableIsas()) {
     ASSERT_TRUE(ForceIsa(isa));
     ExpectClose(p, RunMatMul(p, &pool), p.ref, std::string(isa) + " m=1 n=1000 3 threads");
+  }
+}
+
+// Batch invariance: an activation row gives bit-identical outputs whether it is multiplied alone
+// (decode) or among other rows (a batch), on every ISA and thread count. The serving loop relies
+// on this so that batching and prefix caching never change generated text.
+TEST_P(MatMulTest, RowResultsDoNotDependOnTheBatch) {
+  const DType t = GetParam();
+  const int64_t k = Lengths(t)[0];
+  const Problem p = MakeProblem(t, 70, k, 37, 11);
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (const char* isa : AvailableIsas()) {
+      ASSERT_TRUE(ForceIsa(isa));
+      for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{37}}) {
+        std::vector<float> batch(m * p.n);
+        MatMul(WeightView{p.t, p.n, p.k, p.w.data()}, p.x.data(), m, batch.data(), &pool);
+        for (int64_t row = 0; row < m; ++row) {
+          std::vector<float> alone(p.n);
+          MatMul(WeightView{p.t, p.n, p.k, p.w.data()}, p.x.data() + row * k, 1, alone.data(), &pool);
+          ASSERT_EQ(0, std::memcmp(alone.data(), batch.data() + row * p.n, p.n * sizeof(float)))
+              << isa << " m=" << m << " row " << row << " threads " << threads;
+        }
+      }
+    }
   }
 }
 
