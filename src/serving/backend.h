@@ -1,0 +1,79 @@
+// The boundary between the HTTP front door and whatever generates tokens (the in-process
+// continuous-batching scheduler now; remote prefill/decode workers later).
+//
+// The front door tokenizes, validates and submits a GenerationRequest with a sink; the backend
+// calls the sink from its own thread as tokens are produced and exactly once at the end.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/sampler.h"
+
+namespace tandem::serving {
+
+using Clock = std::chrono::steady_clock;
+
+struct GenerationRequest {
+  std::string id;                      // unique, e.g. "cmpl-..."; used in logs
+  std::vector<int32_t> prompt_tokens;  // non-empty
+  int max_tokens = 16;                 // >= 1
+  engine::SamplingParams sampling;
+  bool ignore_eos = false;
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point deadline = Clock::time_point::max();  // the request fails after this
+};
+
+enum class FinishReason { kStop, kLength, kCancelled, kError, kTimeout };
+const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error", "timeout"
+
+struct FinishInfo {
+  FinishReason reason = FinishReason::kLength;
+  std::string message;          // for kError / kTimeout
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_prompt_tokens = 0;  // served from the prefix cache
+  double queue_seconds = 0;      // arrival -> first scheduled
+  double ttft_seconds = 0;       // arrival -> first token
+  double total_seconds = 0;      // arrival -> finish
+};
+
+// Receives one request's output. Called from the backend's thread, never concurrently for the
+// same sink. OnToken returning false cancels the request (client gone, stop string matched);
+// OnFinish is then still called once, with kCancelled or the reason the caller set.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual bool OnToken(int32_t token) = 0;
+  virtual void OnFinish(const FinishInfo& info) = 0;
+};
+
+struct BackendStats {
+  int running = 0;
+  int waiting = 0;
+  int kv_blocks_total = 0;
+  int kv_blocks_used = 0;
+  int64_t prefix_cache_hit_tokens = 0;  // cumulative
+  int64_t prompt_tokens = 0;            // cumulative, computed (not cached)
+  int64_t generated_tokens = 0;         // cumulative
+  int64_t preemptions = 0;              // cumulative
+};
+
+class GenerationBackend {
+ public:
+  virtual ~GenerationBackend() = default;
+  // Queues the request. ResourceExhausted when the waiting queue is full, FailedPrecondition
+  // when shutting down, InvalidArgument / OutOfRange when the request can never fit.
+  // On error the sink is not called.
+  virtual Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) = 0;
+  virtual BackendStats Stats() const = 0;
+  // Stops accepting; requests already queued run to completion until `deadline`, then are
+  // finished with kCancelled. Returns when all sinks got OnFinish.
+  virtual void Drain(Clock::time_point deadline) = 0;
+};
+
+}  // namespace tandem::serving

@@ -1,0 +1,392 @@
+#include "serving/local_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/logging.h"
+#include "serving/prefix_cache.h"
+
+namespace tandem::serving {
+namespace {
+
+double SecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One request inside the loop. Owned by the loop thread once taken from the inbox.
+struct Sequence {
+  GenerationRequest req;
+  std::shared_ptr<GenerationSink> sink;
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
+  int n_prompt = 0;
+  int n_computed = 0;           // leading tokens whose KV is in `blocks`
+  std::vector<int32_t> blocks;  // KV blocks in position order (references owned)
+  std::unique_ptr<engine::Sampler> sampler;
+  int n_generated = 0;
+  int cached_tokens = 0;        // prompt tokens served from the prefix cache (first admission)
+  bool admitted_once = false;
+  bool prompt_offered = false;  // prompt blocks given to the prefix cache
+  Clock::time_point first_scheduled{};
+  Clock::time_point first_token{};
+  std::optional<FinishReason> finish;
+  std::string finish_message;
+
+  int pending() const { return static_cast<int>(tokens.size()) - n_computed; }
+};
+
+class LocalBackend final : public GenerationBackend {
+ public:
+  LocalBackend(engine::Engine* engine, const SchedulerOptions& options)
+      : engine_(engine),
+        options_(options),
+        kv_(engine->kv()),
+        block_tokens_(kv_.shape().block_tokens),
+        prefix_cache_(&kv_),
+        log_(GetLogger("scheduler")) {
+    options_.max_batch_tokens = std::max(options_.max_batch_tokens, options_.max_num_seqs);
+    loop_ = std::thread([this] { Loop(); });
+  }
+
+  ~LocalBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    loop_.join();
+  }
+
+  Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) override {
+    const auto& cfg = engine_->config();
+    const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
+    if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
+    if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
+    TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
+    for (int32_t t : request.prompt_tokens) {
+      if (t < 0 || t >= cfg.vocab_size) return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+    }
+    if (n_prompt >= cfg.context_length) {
+      return OutOfRange("the prompt has " + std::to_string(n_prompt) +
+                        " tokens; the model's context length is " + std::to_string(cfg.context_length));
+    }
+    if (kv_.BlocksFor(n_prompt + 1) > kv_.num_blocks()) {
+      return OutOfRange("the prompt has " + std::to_string(n_prompt) + " tokens; the KV cache holds " +
+                        std::to_string(int64_t{kv_.num_blocks()} * block_tokens_) + " tokens");
+    }
+    auto seq = std::make_unique<Sequence>();
+    seq->req = std::move(request);
+    seq->sink = std::move(sink);
+    seq->tokens = seq->req.prompt_tokens;
+    seq->n_prompt = static_cast<int>(n_prompt);
+    seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
+      if (static_cast<int>(inbox_.size()) + waiting_count_.load() >= options_.max_waiting) {
+        return ResourceExhausted("too many requests waiting (" + std::to_string(options_.max_waiting) + ")");
+      }
+      inbox_.push_back(std::move(seq));
+      waiting_count_.fetch_add(1);
+      idle_ = false;
+    }
+    cv_.notify_all();
+    return OkStatus();
+  }
+
+  BackendStats Stats() const override {
+    BackendStats s;
+    s.running = running_count_.load();
+    s.waiting = waiting_count_.load();
+    s.kv_blocks_total = kv_.num_blocks();
+    s.kv_blocks_used = kv_used_.load();
+    s.prefix_cache_hit_tokens = cache_hit_tokens_.load();
+    s.prompt_tokens = prompt_tokens_.load();
+    s.generated_tokens = generated_tokens_.load();
+    s.preemptions = preemptions_.load();
+    return s;
+  }
+
+  void Drain(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    draining_ = true;
+    drain_deadline_ = deadline;
+    cv_.notify_all();
+    idle_cv_.wait(lock, [&] { return idle_; });
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        idle_ = running_.empty() && waiting_.empty() && inbox_.empty();
+        if (idle_) idle_cv_.notify_all();
+        cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty(); });
+        for (auto& s : inbox_) waiting_.push_back(std::move(s));
+        inbox_.clear();
+        if (stop_ || (draining_ && Clock::now() >= drain_deadline_)) {
+          lock.unlock();
+          CancelAll(stop_ ? "the server stopped" : "the shutdown deadline passed");
+          lock.lock();
+          if (stop_) {
+            idle_ = true;
+            idle_cv_.notify_all();
+            return;
+          }
+          continue;
+        }
+      }
+      ExpireDeadlines();
+      Admit();
+      if (!running_.empty()) Step();
+      PublishStats();
+    }
+  }
+
+  void CancelAll(const std::string& why) {
+    for (auto& s : running_) SetFinish(*s, FinishReason::kCancelled, why);
+    for (auto& s : waiting_) SetFinish(*s, FinishReason::kCancelled, why);
+    ReapFinished();
+    PublishStats();
+  }
+
+  void SetFinish(Sequence& s, FinishReason r, std::string message = {}) {
+    if (!s.finish) {
+      s.finish = r;
+      s.finish_message = std::move(message);
+    }
+  }
+
+  void ExpireDeadlines() {
+    const auto now = Clock::now();
+    auto expire = [&](auto& list) {
+      for (auto& s : list) {
+        if (now >= s->req.deadline) SetFinish(*s, FinishReason::kTimeout, "the request deadline passed");
+      }
+    };
+    expire(running_);
+    expire(waiting_);
+    ReapFinished();
+  }
+
+  // Ensures `s` holds blocks for `n_tokens` positions, evicting cached blocks if needed.
+  bool Reserve(Sequence& s, int64_t n_tokens) {
+    const int need = kv_.BlocksFor(n_tokens) - static_cast<int>(s.blocks.size());
+    if (need <= 0) return true;
+    if (kv_.num_free() < need) prefix_cache_.Evict(need - kv_.num_free());
+    auto got = kv_.Allocate(need);
+    if (!got.ok()) return false;
+    s.blocks.insert(s.blocks.end(), got->begin(), got->end());
+    return true;
+  }
+
+  void Admit() {
+    while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
+      Sequence& s = *waiting_.front();
+      if (options_.enable_prefix_cache && s.blocks.empty()) {
+        // Reuse cached full blocks, leaving at least one token to compute (it yields logits).
+        const auto keys = PrefixCache::BlockKeys(s.tokens, block_tokens_);
+        const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
+        s.blocks = prefix_cache_.Match(keys, max_blocks);
+        s.n_computed = static_cast<int>(s.blocks.size()) * block_tokens_;
+      }
+      if (!Reserve(s, static_cast<int64_t>(s.tokens.size()))) {
+        // Not enough memory now: keep the matched prefix out of the way and wait.
+        kv_.Release(s.blocks);
+        s.blocks.clear();
+        s.n_computed = 0;
+        break;
+      }
+      if (!s.admitted_once) {
+        s.admitted_once = true;
+        s.cached_tokens = s.n_computed;
+        s.first_scheduled = Clock::now();
+        cache_hit_tokens_.fetch_add(s.n_computed);
+      }
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+  }
+
+  // Frees the newest running sequence other than `keep` for recompute later; false if none.
+  bool PreemptOne(const Sequence* keep) {
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+      Sequence& s = **it;
+      if (&s == keep || s.finish) continue;
+      OfferBlocks(s);
+      kv_.Release(s.blocks);
+      s.blocks.clear();
+      s.n_computed = 0;
+      waiting_.push_front(std::move(*it));
+      running_.erase(std::next(it).base());
+      preemptions_.fetch_add(1);
+      log_->info("preempted {} (KV cache full); it will be recomputed", waiting_.front()->req.id);
+      return true;
+    }
+    return false;
+  }
+
+  // Offers a sequence's computed full blocks to the prefix cache.
+  void OfferBlocks(Sequence& s) {
+    if (!options_.enable_prefix_cache) return;
+    const auto keys = PrefixCache::BlockKeys(std::span(s.tokens).first(s.n_computed), block_tokens_);
+    for (size_t i = 0; i < keys.size() && i < s.blocks.size(); ++i) prefix_cache_.Insert(keys[i], s.blocks[i]);
+  }
+
+  void Step() {
+    struct Planned {
+      Sequence* seq;
+      int n;
+    };
+    std::vector<Planned> plan;
+    int budget = options_.max_batch_tokens;
+    // Decodes first (one token each, they hold the TBT), then prefill chunks in arrival order.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < running_.size(); ++i) {
+        Sequence* s = running_[i].get();
+        if (s->finish || (pass == 0) != (s->pending() == 1) || budget == 0) continue;
+        const int n = std::min(s->pending(), budget);
+        // Short of blocks: preempt the newest other sequences (the victim is always after
+        // `s` in running_ unless `s` is last, so the indices before i stay valid).
+        bool reserved = Reserve(*s, s->n_computed + n);
+        while (!reserved && PreemptOne(s)) reserved = Reserve(*s, s->n_computed + n);
+        if (!reserved) {
+          SetFinish(*s, FinishReason::kError, "the KV cache cannot hold this sequence");
+          continue;
+        }
+        plan.push_back({s, n});
+        budget -= n;
+      }
+    }
+    // Preemption may have removed planned sequences from running_: keep only live ones.
+    std::erase_if(plan, [&](const Planned& p) {
+      return std::none_of(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == p.seq; });
+    });
+    if (plan.empty()) {
+      ReapFinished();
+      return;
+    }
+    std::vector<engine::BatchItem> items;
+    items.reserve(plan.size());
+    for (const auto& p : plan) {
+      Sequence& s = *p.seq;
+      const bool last = s.n_computed + p.n == static_cast<int>(s.tokens.size());
+      items.push_back({s.blocks, s.n_computed, std::span(s.tokens).subspan(s.n_computed, p.n), last});
+    }
+    Status st = engine_->transformer().Forward(items, kv_, &logits_);
+    if (!st.ok()) {
+      log_->error("forward step failed: {}", st.ToString());
+      for (const auto& p : plan) SetFinish(*p.seq, FinishReason::kError, st.message());
+      ReapFinished();
+      return;
+    }
+    const int vocab = engine_->config().vocab_size;
+    int row = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Sequence& s = *plan[i].seq;
+      s.n_computed += plan[i].n;
+      if (s.n_computed <= s.n_prompt) prompt_tokens_.fetch_add(plan[i].n);
+      if (!s.prompt_offered && s.n_computed >= s.n_prompt) {
+        s.prompt_offered = true;
+        OfferBlocks(s);
+      }
+      if (!items[i].want_logits) continue;
+      const int32_t tok = s.sampler->Sample(std::span(logits_).subspan(static_cast<size_t>(row++) * vocab, vocab));
+      s.tokens.push_back(tok);
+      ++s.n_generated;
+      generated_tokens_.fetch_add(1);
+      if (s.n_generated == 1) s.first_token = Clock::now();
+      if (!s.sink->OnToken(tok)) {
+        SetFinish(s, FinishReason::kCancelled, "cancelled by the client");
+      } else if (!s.req.ignore_eos && engine_->tokenizer().IsEndOfGeneration(tok)) {
+        SetFinish(s, FinishReason::kStop);
+      } else if (s.n_generated >= s.req.max_tokens ||
+                 static_cast<int>(s.tokens.size()) >= engine_->config().context_length) {
+        SetFinish(s, FinishReason::kLength);
+      }
+    }
+    ReapFinished();
+  }
+
+  // Finishes every sequence marked finished: frees its blocks and tells its sink.
+  void ReapFinished() {
+    auto reap = [&](auto& list) {
+      for (auto it = list.begin(); it != list.end();) {
+        Sequence& s = **it;
+        if (!s.finish) {
+          ++it;
+          continue;
+        }
+        OfferBlocks(s);
+        kv_.Release(s.blocks);
+        s.blocks.clear();
+        const auto now = Clock::now();
+        FinishInfo info;
+        info.reason = *s.finish;
+        info.message = s.finish_message;
+        info.prompt_tokens = s.n_prompt;
+        info.completion_tokens = s.n_generated;
+        info.cached_prompt_tokens = s.cached_tokens;
+        info.queue_seconds = s.admitted_once ? SecondsBetween(s.req.arrival, s.first_scheduled) : SecondsBetween(s.req.arrival, now);
+        info.ttft_seconds = s.n_generated > 0 ? SecondsBetween(s.req.arrival, s.first_token) : 0;
+        info.total_seconds = SecondsBetween(s.req.arrival, now);
+        s.sink->OnFinish(info);
+        it = list.erase(it);
+      }
+    };
+    reap(running_);
+    reap(waiting_);
+  }
+
+  void PublishStats() {
+    running_count_.store(static_cast<int>(running_.size()));
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_count_.store(static_cast<int>(waiting_.size() + inbox_.size()));
+    kv_used_.store(kv_.num_blocks() - kv_.num_free());
+  }
+
+  engine::Engine* engine_;
+  SchedulerOptions options_;
+  engine::PagedKvCache& kv_;
+  const int block_tokens_;
+  PrefixCache prefix_cache_;  // loop thread only
+  std::shared_ptr<spdlog::logger> log_;
+  std::vector<float> logits_;  // loop thread only
+
+  // Loop thread only.
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;       // work arrived or stop/drain requested
+  std::condition_variable idle_cv_;  // the loop went idle
+  std::vector<std::unique_ptr<Sequence>> inbox_;  // guarded by mu_
+  bool stop_ = false;                             // guarded by mu_
+  bool draining_ = false;                         // guarded by mu_
+  bool idle_ = true;                              // guarded by mu_
+  Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
+
+  std::atomic<int> running_count_{0};
+  std::atomic<int> waiting_count_{0};
+  std::atomic<int> kv_used_{0};
+  std::atomic<int64_t> cache_hit_tokens_{0};
+  std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> generated_tokens_{0};
+  std::atomic<int64_t> preemptions_{0};
+
+  std::thread loop_;  // last: starts after every member above is constructed
+};
+
+}  // namespace
+
+std::unique_ptr<GenerationBackend> MakeLocalBackend(engine::Engine* engine,
+                                                    const SchedulerOptions& options) {
+  return std::make_unique<LocalBackend>(engine, options);
+}
+
+}  // namespace tandem::serving

@@ -1,0 +1,198 @@
+#include "serving/local_backend.h"
+
+#include <future>
+#include <mutex>
+
+#include <gtest/gtest.h>
+
+namespace tandem::serving {
+namespace {
+
+std::string ModelPath() {
+  const char* s = std::getenv("TANDEM_SOURCE_DIR");
+  return std::string(s ? s : ".") + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+std::unique_ptr<engine::Engine> LoadEngine(int kv_tokens) {
+  engine::EngineOptions o;
+  o.model_path = ModelPath();
+  o.threads = 2;
+  o.kv_capacity_tokens = kv_tokens;
+  auto e = engine::Engine::Load(o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Collects a request's tokens; cancels after `cancel_after` tokens when set.
+class CollectingSink : public GenerationSink {
+ public:
+  explicit CollectingSink(int cancel_after = -1) : cancel_after_(cancel_after) {}
+  bool OnToken(int32_t token) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.push_back(token);
+    return cancel_after_ < 0 || static_cast<int>(tokens_.size()) < cancel_after_;
+  }
+  void OnFinish(const FinishInfo& info) override { done_.set_value(info); }
+  FinishInfo Wait() { return done_.get_future().get(); }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+
+ private:
+  int cancel_after_;
+  std::mutex mu_;
+  std::vector<int32_t> tokens_;
+  std::promise<FinishInfo> done_;
+};
+
+GenerationRequest Greedy(const engine::Engine& e, const std::string& text, int max_tokens) {
+  GenerationRequest r;
+  r.id = text.substr(0, 12);
+  r.prompt_tokens = e.tokenizer().Encode(text, false, false);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+std::vector<std::string> Prompts(int n) {
+  std::vector<std::string> p;
+  for (int i = 0; i < n; ++i) {
+    p.push_back("Request " + std::to_string(i) + ": write a short note about the number " +
+                std::to_string(i * 37 + 11) + (i % 2 ? " and its digits." : " in French."));
+  }
+  return p;
+}
+
+// What the engine produces for a prompt alone, without the scheduler.
+std::vector<int32_t> Solo(engine::Engine& e, const GenerationRequest& r) {
+  engine::GenerateOptions g;
+  g.max_tokens = r.max_tokens;
+  g.ignore_eos = true;
+  return e.Generate(r.prompt_tokens, g, nullptr)->tokens;
+}
+
+TEST(LocalBackendTest, ConcurrentRequestsGetTheirSoloOutput) {
+  auto e = LoadEngine(8192);
+  ASSERT_NE(e, nullptr);
+  const auto prompts = Prompts(12);
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& p : prompts) solo.push_back(Solo(*e, Greedy(*e, p, 12)));
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 8, .max_batch_tokens = 64});
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const auto& p : prompts) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(backend->Submit(Greedy(*e, p, 12), sinks.back()).ok());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const FinishInfo info = sinks[i]->Wait();
+    EXPECT_EQ(info.reason, FinishReason::kLength);
+    EXPECT_EQ(info.completion_tokens, 12);
+    EXPECT_EQ(sinks[i]->tokens(), solo[i]) << prompts[i];
+  }
+  backend->Drain(Clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(backend->Stats().running, 0);
+}
+
+TEST(LocalBackendTest, SharedPrefixIsServedFromCacheWithSameOutput) {
+  auto e = LoadEngine(4096);
+  ASSERT_NE(e, nullptr);
+  std::string context;
+  for (int i = 0; i < 20; ++i) context += "Paragraph " + std::to_string(i) + " of the shared manual text. ";
+  const auto a = Greedy(*e, context + "Question one?", 8);
+  const auto b = Greedy(*e, context + "Question two?", 8);
+  const auto solo_b = Solo(*e, b);
+  auto backend = MakeLocalBackend(e.get(), {});
+  auto first = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(backend->Submit(a, first).ok());
+  EXPECT_EQ(first->Wait().cached_prompt_tokens, 0);
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(backend->Submit(b, second).ok());
+  const FinishInfo info = second->Wait();
+  EXPECT_GT(info.cached_prompt_tokens, 100);
+  EXPECT_LT(info.cached_prompt_tokens, static_cast<int>(b.prompt_tokens.size()));
+  EXPECT_EQ(second->tokens(), solo_b);
+  EXPECT_EQ(backend->Stats().prefix_cache_hit_tokens, info.cached_prompt_tokens);
+}
+
+// A KV cache far too small for all requests at once: sequences are preempted and recomputed,
+// nobody is killed, outputs are unchanged, and every block comes back.
+TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
+  auto e = LoadEngine(20 * 16);  // 20 blocks of 16 tokens; each request needs about 8
+  ASSERT_NE(e, nullptr);
+  const auto prompts = Prompts(4);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& p : prompts) {
+    reqs.push_back(Greedy(*e, p, 100));
+    solo.push_back(Solo(*e, reqs.back()));
+  }
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .enable_prefix_cache = false});
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (auto& r : reqs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(backend->Submit(r, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(sinks[i]->Wait().reason, FinishReason::kLength);
+    const auto got = sinks[i]->tokens();
+    size_t d = 0;
+    while (d < got.size() && d < solo[i].size() && got[d] == solo[i][d]) ++d;
+    EXPECT_EQ(got, solo[i]) << i << " first difference at " << d;
+  }
+  EXPECT_GT(backend->Stats().preemptions, 0);
+  backend->Drain(Clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(backend->Stats().kv_blocks_used, 0);
+}
+
+TEST(LocalBackendTest, CancelTimeoutAndRefusals) {
+  auto e = LoadEngine(2048);
+  ASSERT_NE(e, nullptr);
+  auto backend = MakeLocalBackend(e.get(), {.max_waiting = 2, .enable_prefix_cache = false});
+  auto cancelled = std::make_shared<CollectingSink>(/*cancel_after=*/3);
+  ASSERT_TRUE(backend->Submit(Greedy(*e, "Count to one hundred:", 50), cancelled).ok());
+  const FinishInfo c = cancelled->Wait();
+  EXPECT_EQ(c.reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.completion_tokens, 3);
+
+  auto late = std::make_shared<CollectingSink>();
+  auto r = Greedy(*e, "Too late", 5);
+  r.deadline = Clock::now() - std::chrono::seconds(1);
+  ASSERT_TRUE(backend->Submit(r, late).ok());
+  EXPECT_EQ(late->Wait().reason, FinishReason::kTimeout);
+
+  auto empty = Greedy(*e, "x", 5);
+  empty.prompt_tokens.clear();
+  EXPECT_EQ(backend->Submit(empty, std::make_shared<CollectingSink>()).code(), StatusCode::kInvalidArgument);
+  auto huge = Greedy(*e, "x", 5);
+  huge.prompt_tokens.assign(3000, 100);  // more than the 2048-token KV cache
+  const Status too_long = backend->Submit(huge, std::make_shared<CollectingSink>());
+  EXPECT_EQ(too_long.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(too_long.message().find("3000"), std::string::npos);
+
+  backend->Drain(Clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(backend->Stats().kv_blocks_used, 0);
+  EXPECT_EQ(backend->Submit(Greedy(*e, "after", 2), std::make_shared<CollectingSink>()).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST(LocalBackendTest, FullQueueIsRefused) {
+  auto e = LoadEngine(2048);
+  ASSERT_NE(e, nullptr);
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 1, .max_waiting = 2});
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  int refused = 0;
+  for (int i = 0; i < 8; ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    const Status st = backend->Submit(Greedy(*e, "Story " + std::to_string(i), 40), sinks.back());
+    if (st.code() == StatusCode::kResourceExhausted) {
+      ++refused;
+      sinks.pop_back();
+    }
+  }
+  EXPECT_GT(refused, 0);
+  for (auto& s : sinks) EXPECT_EQ(s->Wait().reason, FinishReason::kLength);
+}
+
+}  // namespace
+}  // namespace tandem::serving

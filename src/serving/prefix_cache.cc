@@ -1,0 +1,57 @@
+#include "serving/prefix_cache.h"
+
+#include <xxhash.h>
+
+namespace tandem::serving {
+
+PrefixCache::PrefixCache(engine::PagedKvCache* kv) : kv_(kv) {}
+
+PrefixCache::~PrefixCache() {
+  for (const auto& [key, entry] : entries_) kv_->Release(entry.block);
+}
+
+std::vector<uint64_t> PrefixCache::BlockKeys(std::span<const int32_t> tokens, int block_tokens) {
+  std::vector<uint64_t> keys(tokens.size() / block_tokens);
+  uint64_t prev = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    prev = XXH3_64bits_withSeed(tokens.data() + i * block_tokens, block_tokens * sizeof(int32_t),
+                                prev);
+    keys[i] = prev;
+  }
+  return keys;
+}
+
+std::vector<int32_t> PrefixCache::Match(std::span<const uint64_t> keys, int max_blocks) {
+  std::vector<int32_t> blocks;
+  for (size_t i = 0; i < keys.size() && static_cast<int>(i) < max_blocks; ++i) {
+    auto it = entries_.find(keys[i]);
+    if (it == entries_.end()) break;
+    lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
+    kv_->AddRef(it->second.block);
+    blocks.push_back(it->second.block);
+  }
+  return blocks;
+}
+
+void PrefixCache::Insert(uint64_t key, int32_t block) {
+  if (entries_.count(key) != 0) return;
+  kv_->AddRef(block);
+  lru_.push_front(key);
+  entries_.emplace(key, Entry{block, lru_.begin()});
+}
+
+int PrefixCache::Evict(int n) {
+  int freed = 0;
+  for (auto it = lru_.end(); it != lru_.begin() && freed < n;) {
+    --it;
+    auto entry = entries_.find(*it);
+    if (kv_->ref_count(entry->second.block) != 1) continue;  // a sequence still uses it
+    kv_->Release(entry->second.block);
+    entries_.erase(entry);
+    it = lru_.erase(it);
+    ++freed;
+  }
+  return freed;
+}
+
+}  // namespace tandem::serving

@@ -1,0 +1,54 @@
+// Local prefix cache over a PagedKvCache: full KV blocks keyed by a hash chain over their
+// tokens, so a new sequence can reuse the longest prefix already computed and compute only the
+// rest. Blocks held only by the cache are evicted least recently used first.
+//
+// Key of block i of a token sequence = XXH3-64(tokens of block i, seed = key of block i-1);
+// block 0 uses seed 0. Equal keys mean equal token prefixes (up to hash collisions, 2^-64).
+//
+// Thread-safety: not thread-safe; owned by the serving loop, like the KV cache it indexes.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache.h"
+
+namespace tandem::serving {
+
+class PrefixCache {
+ public:
+  // kv must outlive the cache.
+  explicit PrefixCache(engine::PagedKvCache* kv);
+  ~PrefixCache();  // releases the cache's references
+
+  // Keys of the full blocks of `tokens` (tokens.size() / block_tokens of them).
+  static std::vector<uint64_t> BlockKeys(std::span<const int32_t> tokens, int block_tokens);
+
+  // The blocks of the longest cached prefix of `keys`, at most max_blocks, in order. Each
+  // returned block carries a new reference owned by the caller. Counts as a use (LRU).
+  std::vector<int32_t> Match(std::span<const uint64_t> keys, int max_blocks);
+
+  // Offers a computed full block under its key. The cache takes its own reference unless the
+  // key is already cached (then nothing changes).
+  void Insert(uint64_t key, int32_t block);
+
+  // Frees up to n blocks that only the cache still references, least recently used first.
+  // Returns how many were freed.
+  int Evict(int n);
+
+  int cached_blocks() const { return static_cast<int>(entries_.size()); }
+
+ private:
+  struct Entry {
+    int32_t block;
+    std::list<uint64_t>::iterator lru_pos;  // in lru_
+  };
+  engine::PagedKvCache* kv_;
+  std::unordered_map<uint64_t, Entry> entries_;
+  std::list<uint64_t> lru_;  // keys, most recently used first
+};
+
+}  // namespace tandem::serving
