@@ -5,6 +5,11 @@
 
 namespace tandem {
 
+namespace {
+constexpr int kSpinIterations = 20000;  // ~50-100 us of pause instructions
+inline void CpuRelax() { __builtin_ia32_pause(); }
+}  // namespace
+
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
@@ -12,7 +17,7 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -21,19 +26,20 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   while (true) {
-    const std::function<void(int)>* job;
-    {
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; gen == seen && spin < kSpinIterations && !stop_.load(std::memory_order_relaxed); ++spin) {
+      CpuRelax();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
+      start_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      gen = generation_.load(std::memory_order_acquire);
     }
-    (*job)(index);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
+    if (stop_.load()) return;
+    seen = gen;
+    (*job_)(index);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -42,17 +48,17 @@ void ThreadPool::RunOnAll(const std::function<void(int)>& fn) {
     fn(0);
     return;
   }
+  job_ = &fn;
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
   {
+    // Under the lock so that a worker between its predicate check and its sleep cannot miss
+    // the bump.
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   fn(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-  job_ = nullptr;
+  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
 }
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,

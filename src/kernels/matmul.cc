@@ -44,9 +44,9 @@ const IsaImpl* CurrentIsa() {
 
 bool IsWeightType(DType t) { return t != DType::kQ8_1 && t != DType::kQ8_K; }
 
-// Each thread gets at least this many multiply-adds (~10 us of work), so the pool's dispatch
-// cost (several us) stays small; smaller calls run on fewer threads or the caller alone.
-constexpr int64_t kMinWorkPerThread = 256 << 10;
+// Each thread gets at least this many multiply-adds (a few us of work), so the pool's hand-off
+// (about a microsecond with spinning workers) stays small; smaller calls run on fewer threads.
+constexpr int64_t kMinWorkPerThread = 64 << 10;
 constexpr int64_t kRowGrain = 16;  // output rows per scheduling unit (a multiple of 4)
 constexpr int64_t kMinQuantizePerThread = 64 << 10;  // activation elements
 
