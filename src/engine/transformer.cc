@@ -54,7 +54,7 @@ void Transformer::EnsureScratch(int64_t t, int64_t logit_rows) {
   grow(logit_in_, logit_rows * c.dim);
 }
 
-void Transformer::ComputeRope(std::span<const BatchItem> batch) {
+void Transformer::ComputeRope() {
   const int half = config_.rope_dim / 2;
   const float theta_scale = std::pow(config_.rope_freq_base, -2.0f / config_.rope_dim);
   for (size_t t = 0; t < token_pos_.size(); ++t) {
@@ -151,8 +151,10 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     const BatchItem& item = batch[i];
     if (item.tokens.empty()) return InvalidArgument("batch item without tokens");
     const int64_t end = static_cast<int64_t>(item.start_pos) + item.tokens.size();
-    if (item.start_pos < 0 || end > c.context_length * 4LL) {
-      return InvalidArgument("position out of range");
+    if (item.start_pos < 0 || end > c.context_length) {
+      return InvalidArgument("positions " + std::to_string(item.start_pos) + ".." +
+                             std::to_string(end - 1) + " are outside the context length of " +
+                             std::to_string(c.context_length));
     }
     if (static_cast<int64_t>(item.block_table.size()) * bt < end) {
       return InvalidArgument("block table of " + std::to_string(item.block_table.size()) +
@@ -174,7 +176,7 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   }
   const int64_t T = static_cast<int64_t>(token_pos_.size());
   EnsureScratch(T, logit_rows);
-  ComputeRope(batch);
+  ComputeRope();
 
   // Embedding lookup.
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {

@@ -48,7 +48,7 @@ class Transformer {
   // Runs fn(begin, end) over row ranges on the pool.
   void ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
   void EnsureScratch(int64_t tokens, int64_t logit_rows);
-  void ComputeRope(std::span<const BatchItem> batch);
+  void ComputeRope();  // angles of every token of the step (token_pos_)
   void ApplyRope(float* x, int n_heads);  // (T, n_heads, head_dim), in place
   void WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
   void Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
