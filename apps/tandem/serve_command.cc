@@ -1,0 +1,207 @@
+#include "serve_command.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "common/logging.h"
+#include "engine/engine.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "generate_command.h"
+#include "server/http_server.h"
+#include "serving/local_backend.h"
+
+namespace tandem::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point After(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// KV bytes per token: K and V, fp16, every layer.
+int64_t KvBytesPerToken(const model::LlamaConfig& c) {
+  return int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+}
+
+}  // namespace
+
+CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
+  cmd->add_option("--host", f.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", f.port, "Port to listen on")->check(CLI::Range(1, 65535))->capture_default_str();
+  cmd->add_option("--threads", f.threads, "Engine worker threads (default: all cores)")->check(CLI::Range(1, 256));
+  cmd->add_option("--max-num-seqs", f.max_num_seqs, "Sequences computed at once")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  auto* kv_tokens = cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens,
+                                    "KV-cache capacity in tokens (default: max(16384, --max-model-len))")
+                        ->check(CLI::Range(1, 1 << 26));
+  cmd->add_option("--kv-cache-mb", f.kv_cache_mb, "KV-cache capacity in MiB (instead of --kv-cache-tokens)")
+      ->check(CLI::Range(1, 1 << 22))->excludes(kv_tokens);
+  cmd->add_option("--max-model-len", f.max_model_len, "Prompt + completion tokens per request "
+                  "(default: the model's context length)")->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--block-tokens", f.block_tokens, "Tokens per KV block")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per forward step")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--max-waiting", f.max_waiting, "Queued requests beyond this get 429")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  cmd->add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or env TANDEM_API_KEY)");
+  cmd->add_option("--served-model-name", f.served_model_name, "Model name clients use (default: file stem)");
+  cmd->add_option("--request-timeout-s", f.request_timeout_s, "A request fails after this long")
+      ->check(CLI::Range(0.1, 1e6))->capture_default_str();
+  cmd->add_option("--drain-timeout-s", f.drain_timeout_s, "On SIGTERM, time given to in-flight requests")
+      ->check(CLI::Range(0.0, 1e5))->capture_default_str();
+  cmd->add_option("--http-threads", f.http_threads, "Connections served at once "
+                  "(default: max-num-seqs + max-waiting + 16)")->check(CLI::Range(1, 100000));
+  return cmd;
+}
+
+int RunServe(const ServeFlags& f) {
+  auto log = GetLogger("serve");
+  // Signals are taken by sigwait below; block them before any thread starts so none gets them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  engine::EngineOptions eo;
+  eo.model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  eo.threads = f.threads > 0 ? f.threads : DefaultThreads();
+  eo.block_tokens = f.block_tokens;
+
+  // Size the context and the KV cache from the model's shape (a cheap look at the header).
+  model::LlamaConfig config;
+  {
+    auto file = model::GgufFile::Open(eo.model_path);
+    if (!file.ok()) {
+      std::fprintf(stderr, "error: %s\n", file.status().ToString().c_str());
+      return 1;
+    }
+    auto c = model::ReadLlamaConfig(**file);
+    if (!c.ok()) {
+      std::fprintf(stderr, "error: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    config = std::move(*c);
+  }
+  int max_model_len = f.max_model_len > 0 ? f.max_model_len : config.context_length;
+  if (max_model_len > config.context_length) {
+    std::fprintf(stderr, "error: --max-model-len %d is larger than the model's context length %d\n",
+                 max_model_len, config.context_length);
+    return 2;
+  }
+  int64_t kv_tokens = std::max(16384, max_model_len);
+  if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
+  if (f.kv_cache_mb > 0) kv_tokens = int64_t{f.kv_cache_mb} * (1 << 20) / KvBytesPerToken(config);
+  if (kv_tokens < f.block_tokens || kv_tokens > (1 << 26)) {
+    std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n", static_cast<long long>(kv_tokens));
+    return 2;
+  }
+  if (kv_tokens < max_model_len) {
+    // A request longer than the whole cache could never run: cap the context to the cache.
+    log->warn("the KV cache ({} tokens) is smaller than the context ({} tokens); max_model_len is "
+              "capped to {}", kv_tokens, max_model_len, kv_tokens);
+    max_model_len = static_cast<int>(kv_tokens);
+  }
+  eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
+  auto loaded = engine::Engine::Load(eo);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<engine::Engine> eng = std::move(*loaded);
+
+  serving::SchedulerOptions so;
+  so.max_num_seqs = f.max_num_seqs;
+  so.max_batch_tokens = f.max_batch_tokens;
+  so.max_waiting = f.max_waiting;
+  std::unique_ptr<serving::GenerationBackend> backend = serving::MakeLocalBackend(eng.get(), so);
+
+  server::ServerOptions opts;
+  opts.host = f.host;
+  opts.port = f.port;
+  opts.api_key = f.api_key;
+  if (opts.api_key.empty()) {
+    if (const char* env = std::getenv("TANDEM_API_KEY")) opts.api_key = env;
+  }
+  opts.served_model_name = f.served_model_name.empty()
+                               ? std::filesystem::path(eo.model_path).stem().string()
+                               : f.served_model_name;
+  opts.max_model_len = max_model_len;
+  opts.request_timeout_s = f.request_timeout_s;
+  opts.http_threads = f.http_threads > 0 ? f.http_threads : f.max_num_seqs + f.max_waiting + 16;
+  server::HttpServer http(opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
+                          backend.get());
+  if (const Status st = http.Bind(); !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  log->info("serving '{}' ({}) on http://{}:{}; threads={} max_num_seqs={} kv_cache={} tokens "
+            "({:.1f} MiB) max_model_len={} chat_template={}{}",
+            opts.served_model_name, eo.model_path, f.host, http.port(), eo.threads, f.max_num_seqs,
+            kv_tokens, kv_tokens * static_cast<double>(KvBytesPerToken(config)) / (1 << 20), max_model_len,
+            eng->chat_template() ? "yes" : "no", opts.api_key.empty() ? "" : " (API key required)");
+
+  std::atomic<bool> server_exited{false};
+  std::thread server_thread([&] {
+    if (!http.Run()) log->error("the HTTP server stopped unexpectedly");
+    server_exited.store(true);
+  });
+
+  // Wait for a signal (or the server dying).
+  int sig = 0;
+  const timespec poll{0, 200 * 1000 * 1000};
+  while (!server_exited.load()) {
+    sig = sigtimedwait(&signals, nullptr, &poll);
+    if (sig > 0) break;
+  }
+  int rc = 0;
+  if (sig > 0) {
+    log->info("received {}: draining (new requests get 503), up to {:.0f} s",
+              sig == SIGTERM ? "SIGTERM" : "SIGINT", f.drain_timeout_s);
+    // A second signal ends the process at once.
+    std::thread([signals] {
+      int again = 0;
+      sigwait(&signals, &again);
+      std::fprintf(stderr, "received a second signal: exiting now\n");
+      std::_Exit(1);
+    }).detach();
+  } else {
+    rc = 1;
+  }
+  http.BeginDrain();
+  const Clock::time_point deadline = After(f.drain_timeout_s);
+  backend->Drain(deadline);
+  if (!http.WaitIdle(std::max(deadline, Clock::now()) + std::chrono::seconds(5))) {
+    log->warn("some responses were still being written at the drain deadline");
+  }
+  http.Stop();
+  // httplib 0.11.4 lets an idle keep-alive connection hold its thread (and so Stop) for the
+  // keep-alive timeout. Nothing is left to serve: give them a moment, then exit regardless.
+  const Clock::time_point idle_deadline = After(1.0);
+  while (!server_exited.load() && Clock::now() < idle_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!server_exited.load()) {
+    log->info("stopped (closing idle keep-alive connections)");
+    log->flush();
+    std::fflush(nullptr);
+    std::_Exit(rc);  // the backend is drained; the HTTP threads may still use it, so no teardown
+  }
+  server_thread.join();
+  backend.reset();
+  log->info("stopped");
+  return rc;
+}
+
+}  // namespace tandem::app

@@ -1,0 +1,37 @@
+// `tandem serve`: the OpenAI-compatible HTTP server over one in-process engine with continuous
+// batching (serving::MakeLocalBackend + server::HttpServer). SIGTERM/SIGINT: stop accepting
+// (503), let in-flight requests finish within --drain-timeout-s, exit 0; a second signal exits
+// at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace tandem::app {
+
+struct ServeFlags {
+  std::string model;              // default: the bundled model
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int threads = 0;                // 0: all cores
+  int max_num_seqs = 32;
+  int kv_cache_tokens = 0;        // 0: max(16384, max_model_len), or from --kv-cache-mb
+  int kv_cache_mb = 0;            // 0: unset
+  int max_model_len = 0;          // 0: the model's context length
+  int block_tokens = 16;
+  int max_batch_tokens = 256;
+  int max_waiting = 256;
+  std::string api_key;            // or env TANDEM_API_KEY
+  std::string served_model_name;  // default: the model file's stem
+  double request_timeout_s = 600;
+  double drain_timeout_s = 30;
+  int http_threads = 0;           // 0: max_num_seqs + max_waiting + 16
+};
+
+// Registers the subcommand and its flags on `app`; the flags object must outlive parsing.
+CLI::App* AddServeCommand(CLI::App& app, ServeFlags& flags);
+int RunServe(const ServeFlags& flags);
+
+}  // namespace tandem::app

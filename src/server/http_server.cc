@@ -1,0 +1,425 @@
+#include "server/http_server.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <ctime>
+#include <mutex>
+#include <thread>
+
+#include <httplib.h>
+
+#include "common/logging.h"
+#include "server/http_util.h"
+#include "server/openai_request.h"
+#include "server/openai_response.h"
+#include "server/request_sink.h"
+
+namespace tandem::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using serving::FinishReason;
+
+constexpr const char* kJson = "application/json";
+// How long a streaming writer waits for output before checking on the connection again.
+constexpr auto kStreamPoll = std::chrono::milliseconds(200);
+// Extra time a non-streaming handler waits past the request deadline for the backend to report.
+constexpr auto kDeadlineGrace = std::chrono::seconds(5);
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(ApiErrorJson(e), kJson);
+}
+
+}  // namespace
+
+class HttpServer::Impl {
+ public:
+  Impl(ServerOptions options, ModelInfo model, serving::GenerationBackend* backend)
+      : options_(std::move(options)),
+        model_(std::move(model)),
+        backend_(backend),
+        log_(GetLogger("server")),
+        metrics_(std::make_shared<ServerMetrics>()),
+        created_(static_cast<int64_t>(std::time(nullptr))) {
+    limits_.served_model_name = options_.served_model_name;
+    limits_.max_model_len = options_.max_model_len;
+    SetUpRoutes();
+  }
+
+  ~Impl() {
+    Stop();
+    if (status_thread_.joinable()) status_thread_.join();
+  }
+
+  Status Bind() {
+    // A client that goes away mid-write must not kill the process.
+    ::signal(SIGPIPE, SIG_IGN);
+    if (options_.port == 0) {
+      port_ = http_.bind_to_any_port(options_.host);
+      if (port_ <= 0) return {StatusCode::kUnavailable, "cannot bind " + options_.host};
+    } else {
+      if (!http_.bind_to_port(options_.host, options_.port)) {
+        return {StatusCode::kUnavailable,
+                "cannot bind " + options_.host + ":" + std::to_string(options_.port)};
+      }
+      port_ = options_.port;
+    }
+    WidenListenBacklog(port_);
+    return OkStatus();
+  }
+
+  bool Run() {
+    if (options_.status_interval_s > 0) status_thread_ = std::thread([this] { StatusLoop(); });
+    const bool ok = http_.listen_after_bind();
+    SignalStatusStop();
+    if (status_thread_.joinable()) status_thread_.join();
+    return ok;
+  }
+
+  void Stop() {
+    http_.stop();
+    SignalStatusStop();
+  }
+
+  void BeginDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+
+  bool WaitIdle(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(inflight_mu_);
+    return inflight_cv_.wait_until(lock, deadline, [&] { return inflight_ == 0; });
+  }
+
+  int port() const { return port_; }
+  const ServerMetrics& metrics() const { return *metrics_; }
+
+ private:
+  // Counts a generation request from its handler's start until its response is done.
+  class Inflight {
+   public:
+    explicit Inflight(Impl* impl) : impl_(impl) {
+      std::lock_guard<std::mutex> lock(impl_->inflight_mu_);
+      ++impl_->inflight_;
+    }
+    ~Inflight() {
+      std::lock_guard<std::mutex> lock(impl_->inflight_mu_);
+      if (--impl_->inflight_ == 0) impl_->inflight_cv_.notify_all();
+    }
+
+   private:
+    Impl* impl_;
+  };
+
+  void SetUpRoutes();
+  void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  void RespondWhole(const std::shared_ptr<RequestSink>& sink, const ResponseContext& ctx,
+                    Clock::time_point deadline, httplib::Response& res);
+  void RespondStream(std::shared_ptr<RequestSink> sink, ResponseContext ctx,
+                     std::shared_ptr<Inflight> inflight, httplib::Response& res);
+  httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
+  void StatusLoop();
+  void SignalStatusStop();
+  // status_thread_ is started and joined by Run() only.
+
+  const ServerOptions options_;
+  const ModelInfo model_;
+  serving::GenerationBackend* const backend_;
+  std::shared_ptr<spdlog::logger> log_;
+  // Shared with sinks, whose finish hooks may run after a handler has returned.
+  std::shared_ptr<ServerMetrics> metrics_;
+  const int64_t created_;
+  ProtocolLimits limits_;
+  httplib::Server http_;
+  int port_ = 0;
+  std::atomic<bool> draining_{false};
+
+  std::mutex inflight_mu_;
+  std::condition_variable inflight_cv_;
+  int inflight_ = 0;
+
+  std::mutex status_mu_;
+  std::condition_variable status_cv_;
+  bool status_stop_ = false;
+  std::thread status_thread_;
+};
+
+void HttpServer::Impl::SetUpRoutes() {
+  const int threads = std::max(options_.http_threads, 4);
+  http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_.set_payload_max_length(options_.max_body_bytes);
+  http_.set_read_timeout(30, 0);
+  http_.set_write_timeout(30, 0);
+  // Longer than common clients' idle expiry (httpx: 5 s), so that a client never reuses a
+  // connection the server is closing at that moment.
+  http_.set_keep_alive_timeout(10);
+  http_.set_keep_alive_max_count(1000);
+
+  http_.set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
+
+  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(Endpoint::kChatCompletions, req, res);
+  });
+  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleGenerate(Endpoint::kCompletions, req, res);
+  });
+  http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(ModelsBody(options_.served_model_name, created_), kJson);
+  });
+  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_.load()) {
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", kJson);
+    } else {
+      res.set_content(R"({"status":"ok"})", kJson);
+    }
+  });
+  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_->Render(backend_->Stats()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  // Errors httplib raises itself (unknown route, body too large, unreadable request) get an
+  // OpenAI-shaped body; responses our handlers already filled are left alone.
+  http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.status = res.status;
+    const bool known = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+                       req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
+    if (res.status == 404 && known) {
+      e.status = 405;
+      e.message = "method " + req.method + " is not allowed for " + req.path;
+    } else if (res.status == 404) {
+      e.message = "no route for " + req.method + " " + req.path;
+      e.code = "not_found";
+    } else if (res.status == 413) {
+      e.message = "the request body is larger than the limit of " +
+                  std::to_string(options_.max_body_bytes) + " bytes";
+    } else {
+      e.message = "the request could not be handled (HTTP " + std::to_string(res.status) + ")";
+    }
+    if (e.status == 413 || e.status == 400) metrics_->CountOutcome(Outcome::kBadRequest);
+    SendError(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    log_->error("unhandled exception in a handler: {}", what);
+    SendError(res, {500, "internal error: " + what, "server_error", "", ""});
+  });
+}
+
+httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
+                                                            httplib::Response& res) {
+  if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+  if (!options_.api_key.empty()) {
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) != 0 || !ConstantTimeEquals(auth.substr(prefix.size()), options_.api_key)) {
+      metrics_->CountOutcome(Outcome::kBadRequest);
+      SendError(res, {401,
+                      auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
+                                   : "incorrect API key provided",
+                      "invalid_request_error", "", "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+  }
+  if (draining_.load() && req.method == "POST") {
+    metrics_->CountOutcome(Outcome::kRejected);
+    SendError(res, {503, "the server is shutting down", "server_error", "", ""});
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
+void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
+                                      httplib::Response& res) {
+  auto inflight = std::make_shared<Inflight>(this);
+  const Clock::time_point arrival = Clock::now();
+  ParsedRequest parsed;
+  std::vector<int32_t> prompt;
+  int max_tokens = 0;
+  std::optional<ApiError> error = ParseRequest(endpoint, req.body, limits_, &parsed);
+  if (!error) {
+    error = BuildPrompt(parsed, *model_.tokenizer, model_.chat_template, model_.chat_template_error,
+                        options_.max_model_len, &prompt, &max_tokens);
+  }
+  if (error) {
+    metrics_->CountOutcome(Outcome::kBadRequest);
+    log_->debug("rejected request ({}): {}", error->status, error->message);
+    SendError(res, *error);
+    return;
+  }
+
+  serving::GenerationRequest g;
+  g.id = NewRequestId(endpoint);
+  g.prompt_tokens = std::move(prompt);
+  g.max_tokens = max_tokens;
+  g.sampling = parsed.sampling;
+  g.ignore_eos = parsed.ignore_eos;
+  g.arrival = arrival;
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.request_timeout_s));
+  g.deadline = arrival + timeout;
+
+  ResponseContext ctx{endpoint, g.id, static_cast<int64_t>(std::time(nullptr)), parsed.model,
+                      parsed.include_usage};
+  auto on_finish = [metrics = metrics_, log = log_, id = g.id](const serving::FinishInfo& info) {
+    metrics->CountOutcome(OutcomeOf(info.reason));
+    metrics->RecordFinished(info);
+    log->info("{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
+              "ttft={:.3f}s total={:.3f}s{}{}",
+              id, ReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
+              info.completion_tokens, info.queue_seconds, info.ttft_seconds, info.total_seconds,
+              info.message.empty() ? "" : " message=", info.message);
+  };
+  auto sink = std::make_shared<RequestSink>(model_.tokenizer, parsed.stop, parsed.ignore_eos,
+                                            std::move(on_finish));
+  const Clock::time_point deadline = g.deadline;
+  const Status st = backend_->Submit(std::move(g), sink);
+  if (!st.ok()) {
+    Outcome outcome = Outcome::kError;
+    const ApiError e = SubmitError(st, &outcome);
+    metrics_->CountOutcome(outcome);
+    log_->info("{} rejected: {}", ctx.id, st.ToString());
+    SendError(res, e);
+    return;
+  }
+  if (parsed.stream) {
+    RespondStream(std::move(sink), std::move(ctx), std::move(inflight), res);
+  } else {
+    RespondWhole(sink, ctx, deadline, res);
+  }
+}
+
+void HttpServer::Impl::RespondWhole(const std::shared_ptr<RequestSink>& sink, const ResponseContext& ctx,
+                                    Clock::time_point deadline, httplib::Response& res) {
+  std::string text;
+  const Clock::time_point give_up = deadline + kDeadlineGrace;
+  while (true) {
+    RequestSink::Taken t = sink->Wait(std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
+    text += t.text;
+    if (t.finished) {
+      const serving::FinishInfo& info = t.info;
+      if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
+        res.set_content(CompletionBody(ctx, text, ReasonName(info.reason),
+                                       {info.prompt_tokens, info.completion_tokens, info.cached_prompt_tokens}),
+                        kJson);
+      } else {
+        SendError(res, FailureError(info, options_.request_timeout_s));
+      }
+      return;
+    }
+    if (Clock::now() >= give_up) {
+      // The backend should have timed the request out itself; stop waiting for it.
+      sink->MarkClientGone();
+      serving::FinishInfo info;
+      info.reason = FinishReason::kTimeout;
+      SendError(res, FailureError(info, options_.request_timeout_s));
+      return;
+    }
+  }
+}
+
+void HttpServer::Impl::RespondStream(std::shared_ptr<RequestSink> sink, ResponseContext ctx,
+                                     std::shared_ptr<Inflight> inflight, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  struct Writer {
+    std::shared_ptr<RequestSink> sink;
+    ResponseContext ctx;
+    std::shared_ptr<Inflight> inflight;  // released when httplib drops the provider
+    double timeout_s;
+    bool started = false;
+  };
+  auto w = std::make_shared<Writer>(Writer{sink, std::move(ctx), std::move(inflight), options_.request_timeout_s});
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [w](size_t /*offset*/, httplib::DataSink& out) {
+        auto send = [&](const std::string& data) {
+          if (out.write(data.data(), data.size())) return true;
+          w->sink->MarkClientGone();
+          return false;
+        };
+        if (!w->started) {
+          w->started = true;
+          if (w->ctx.endpoint == Endpoint::kChatCompletions) return send(SseEvent(ChatRoleChunk(w->ctx)));
+        }
+        RequestSink::Taken t = w->sink->Wait(kStreamPoll);
+        if (!t.text.empty() && !send(SseEvent(TextChunk(w->ctx, t.text)))) return false;
+        if (!t.finished) return true;
+        const serving::FinishInfo& info = t.info;
+        if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
+          if (!send(SseEvent(FinishChunk(w->ctx, ReasonName(info.reason))))) return false;
+        } else if (!send(SseEvent(ApiErrorJson(FailureError(info, w->timeout_s))))) {
+          return false;
+        }
+        if (w->ctx.include_usage &&
+            !send(SseEvent(UsageChunk(w->ctx, {info.prompt_tokens, info.completion_tokens,
+                                               info.cached_prompt_tokens})))) {
+          return false;
+        }
+        if (!send(kSseDone)) return false;
+        out.done();
+        return true;
+      },
+      [w](bool success) {
+        if (!success) w->sink->MarkClientGone();
+      });
+}
+
+void HttpServer::Impl::StatusLoop() {
+  serving::BackendStats last = backend_->Stats();
+  Clock::time_point last_time = Clock::now();
+  const auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.status_interval_s));
+  std::unique_lock<std::mutex> lock(status_mu_);
+  while (!status_cv_.wait_for(lock, interval, [&] { return status_stop_; })) {
+    const serving::BackendStats s = backend_->Stats();
+    const Clock::time_point now = Clock::now();
+    const bool changed = s.running != last.running || s.waiting != last.waiting ||
+                         s.kv_blocks_used != last.kv_blocks_used || s.generated_tokens != last.generated_tokens;
+    if (changed) {
+      const double secs = std::chrono::duration<double>(now - last_time).count();
+      const double tok_s = secs > 0 ? (s.generated_tokens - last.generated_tokens) / secs : 0.0;
+      const double kv_pct = s.kv_blocks_total > 0 ? 100.0 * s.kv_blocks_used / s.kv_blocks_total : 0.0;
+      log_->info("status: running={} waiting={} kv_used={:.1f}% ({}/{} blocks) generation={:.1f} tok/s "
+                 "prefix_hit_tokens={}",
+                 s.running, s.waiting, kv_pct, s.kv_blocks_used, s.kv_blocks_total, tok_s,
+                 s.prefix_cache_hit_tokens);
+    }
+    last = s;
+    last_time = now;
+  }
+}
+
+void HttpServer::Impl::SignalStatusStop() {
+  {
+    std::lock_guard<std::mutex> lock(status_mu_);
+    status_stop_ = true;
+  }
+  status_cv_.notify_all();
+}
+
+HttpServer::HttpServer(ServerOptions options, ModelInfo model, serving::GenerationBackend* backend)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(model), backend)) {}
+HttpServer::~HttpServer() = default;
+Status HttpServer::Bind() { return impl_->Bind(); }
+int HttpServer::port() const { return impl_->port(); }
+bool HttpServer::Run() { return impl_->Run(); }
+void HttpServer::BeginDrain() { impl_->BeginDrain(); }
+bool HttpServer::draining() const { return impl_->draining(); }
+bool HttpServer::WaitIdle(std::chrono::steady_clock::time_point deadline) { return impl_->WaitIdle(deadline); }
+void HttpServer::Stop() { impl_->Stop(); }
+const ServerMetrics& HttpServer::metrics() const { return impl_->metrics(); }
+
+}  // namespace tandem::server

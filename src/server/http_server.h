@@ -1,0 +1,84 @@
+// The OpenAI-compatible HTTP front door (cpp-httplib): routes, bearer-token auth, body limits,
+// request validation, SSE streaming, metrics, request logs and a periodic status line. It
+// tokenizes and validates each request, submits it to a serving::GenerationBackend and relays
+// the output; it never touches the engine itself.
+//
+//   HttpServer server(options, {&tokenizer, chat_template, ""}, backend.get());
+//   TANDEM_RETURN_IF_ERROR(server.Bind());
+//   std::thread t([&] { server.Run(); });
+//   ...                          // on SIGTERM:
+//   server.BeginDrain();         // new requests get 503, /health says 503
+//   backend->Drain(deadline);    // in-flight requests finish
+//   server.WaitIdle(deadline);   // their responses are written
+//   server.Stop(); t.join();
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+// GET /metrics. With an API key set, /v1/* requires "Authorization: Bearer <key>" (401 else);
+// /health and /metrics stay open for probes and scrapers.
+//
+// Threading: httplib's pool threads run handlers (one connection each); the backend calls the
+// RequestSinks from its own thread and never waits on a client. Destroy the server only after
+// the backend has stopped calling sinks (Drain, or the backend destroyed).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "serving/backend.h"
+#include "server/metrics.h"
+
+namespace tandem::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                     // 0: any free port (see HttpServer::port())
+  std::string api_key;                 // empty: no authentication
+  std::string served_model_name = "model";
+  int max_model_len = 2048;            // tokens, prompt + completion
+  double request_timeout_s = 600;      // arrival to finish; then the request fails (timeout)
+  size_t max_body_bytes = 8u << 20;    // larger bodies get 413
+  int http_threads = 64;               // connections served at once (each holds a thread)
+  double status_interval_s = 10;       // the periodic status line; <= 0: none
+};
+
+struct ModelInfo {
+  const model::Tokenizer* tokenizer = nullptr;         // not owned; outlives the server
+  const model::ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
+  std::string chat_template_error;                     // why there is none
+};
+
+class HttpServer {
+ public:
+  // backend: not owned; must outlive the server.
+  HttpServer(ServerOptions options, ModelInfo model, serving::GenerationBackend* backend);
+  ~HttpServer();  // Stop()s
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket (Unavailable when the address is taken).
+  Status Bind();
+  int port() const;  // the bound port
+  // Serves until Stop(); returns false if the server could not run. Call after Bind().
+  bool Run();
+  // New generation requests get 503 and /health reports draining; in-flight ones continue.
+  void BeginDrain();
+  bool draining() const;
+  // Waits until no generation request is being handled (responses written or abandoned).
+  // Returns false at the deadline.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline);
+  // Stops listening and makes Run() return. Idempotent.
+  void Stop();
+
+  const ServerMetrics& metrics() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tandem::server

@@ -1,0 +1,35 @@
+// Small pieces of the HTTP front door kept apart from the server for testing: status and error
+// mappings, bearer-token comparison, and a socket workaround for Debian's cpp-httplib.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "serving/backend.h"
+#include "server/api_error.h"
+#include "server/metrics.h"
+
+namespace tandem::server {
+
+Outcome OutcomeOf(serving::FinishReason r);
+const char* ReasonName(serving::FinishReason r);  // "stop", "length", "cancelled", "error", "timeout"
+
+// The error a request that did not end in stop/length reports: 504 (timeout), 503 (cancelled,
+// i.e. shut down), 500 (error). timeout_s: the request timeout, named in the message.
+ApiError FailureError(const serving::FinishInfo& info, double timeout_s);
+
+// Maps a refused GenerationBackend::Submit to an HTTP error and the outcome to count:
+// ResourceExhausted 429, FailedPrecondition/Unavailable 503 (rejected), InvalidArgument/
+// OutOfRange 400 (bad_request), anything else 500 (error).
+ApiError SubmitError(const Status& st, Outcome* outcome);
+
+// Compares in time independent of where the strings differ (API keys).
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
+
+// Debian's cpp-httplib 0.11.4 listens with a backlog of 5 (compiled in), so a burst of new
+// connections (32 clients starting at once) overflows the accept queue and clients stall or
+// fail. Linux lets listen() be called again on a listening socket to change its backlog: this
+// finds the process's listening socket bound to `port` (via /proc/self/fd) and widens it.
+void WidenListenBacklog(int port);
+
+}  // namespace tandem::server

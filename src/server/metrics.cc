@@ -1,0 +1,191 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace tandem::server {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+Histogram::Snapshot Histogram::Get() const {
+  Snapshot s;
+  s.upper_bounds = bounds_;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t running = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    running += counts_[i];
+    s.cumulative.push_back(running);
+  }
+  s.sum = sum_;
+  s.count = count_;
+  return s;
+}
+
+std::string PrometheusWriter::FormatValue(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    // Prefer the shortest representation that round-trips.
+    for (int prec = 1; prec <= 17; ++prec) {
+      char shorter[64];
+      std::snprintf(shorter, sizeof(shorter), "%.*g", prec, v);
+      if (std::strtod(shorter, nullptr) == v) {
+        std::snprintf(buf, sizeof(buf), "%s", shorter);
+        break;
+      }
+    }
+  }
+  return buf;
+}
+
+std::string PrometheusWriter::EscapeLabel(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void PrometheusWriter::Header(const std::string& name, const std::string& type, const std::string& help) {
+  std::string h;
+  for (char c : help) {
+    if (c == '\\') {
+      h += "\\\\";
+    } else if (c == '\n') {
+      h += "\\n";
+    } else {
+      h += c;
+    }
+  }
+  out_ += "# HELP " + name + " " + h + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void PrometheusWriter::Family(const std::string& name, const std::string& type, const std::string& help,
+                              const std::vector<std::pair<Labels, double>>& samples) {
+  Header(name, type, help);
+  for (const auto& [labels, value] : samples) {
+    out_ += name;
+    if (!labels.empty()) {
+      out_ += "{";
+      for (size_t i = 0; i < labels.size(); ++i) {
+        if (i > 0) out_ += ",";
+        out_ += labels[i].first + "=\"" + EscapeLabel(labels[i].second) + "\"";
+      }
+      out_ += "}";
+    }
+    out_ += " " + FormatValue(value) + "\n";
+  }
+}
+
+void PrometheusWriter::Counter(const std::string& name, const std::string& help, double value) {
+  Family(name, "counter", help, {{{}, value}});
+}
+
+void PrometheusWriter::Gauge(const std::string& name, const std::string& help, double value) {
+  Family(name, "gauge", help, {{{}, value}});
+}
+
+void PrometheusWriter::Histogram(const std::string& name, const std::string& help,
+                                 const Histogram::Snapshot& s) {
+  Header(name, "histogram", help);
+  for (size_t i = 0; i < s.upper_bounds.size(); ++i) {
+    out_ += name + "_bucket{le=\"" + FormatValue(s.upper_bounds[i]) + "\"} " +
+            FormatValue(static_cast<double>(s.cumulative[i])) + "\n";
+  }
+  out_ += name + "_bucket{le=\"+Inf\"} " + FormatValue(static_cast<double>(s.count)) + "\n";
+  out_ += name + "_sum " + FormatValue(s.sum) + "\n";
+  out_ += name + "_count " + FormatValue(static_cast<double>(s.count)) + "\n";
+}
+
+const char* OutcomeName(Outcome o) {
+  switch (o) {
+    case Outcome::kSuccess: return "success";
+    case Outcome::kLength: return "length";
+    case Outcome::kCancelled: return "cancelled";
+    case Outcome::kError: return "error";
+    case Outcome::kRejected: return "rejected";
+    case Outcome::kTimeout: return "timeout";
+    case Outcome::kBadRequest: return "bad_request";
+  }
+  return "unknown";
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0}),
+      tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+             1.0, 2.5}),
+      e2e_({0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+            60.0, 120.0, 240.0, 480.0, 960.0}),
+      queue_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+              10.0, 20.0, 40.0, 80.0}) {}
+
+void ServerMetrics::RecordFinished(const serving::FinishInfo& info) {
+  prompt_tokens_.fetch_add(info.prompt_tokens);
+  generation_tokens_.fetch_add(info.completion_tokens);
+  e2e_.Observe(info.total_seconds);
+  queue_.Observe(info.queue_seconds);
+  if (info.completion_tokens > 0) ttft_.Observe(info.ttft_seconds);
+  if (info.completion_tokens > 1) {
+    tpot_.Observe((info.total_seconds - info.ttft_seconds) / (info.completion_tokens - 1));
+  }
+}
+
+std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
+  PrometheusWriter w;
+  std::vector<std::pair<PrometheusWriter::Labels, double>> outcomes;
+  for (int i = 0; i < kNumOutcomes; ++i) {
+    outcomes.push_back({{{"outcome", OutcomeName(static_cast<Outcome>(i))}},
+                        static_cast<double>(outcomes_[i].load())});
+  }
+  w.Family("tandem_requests_total", "counter",
+           "Requests by outcome: success (stop), length, cancelled, error, rejected (429/503), "
+           "timeout, bad_request (other 4xx).",
+           outcomes);
+  w.Counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests (cached or computed).",
+            static_cast<double>(prompt_tokens_.load()));
+  w.Counter("tandem_generation_tokens_total", "Tokens generated for finished requests.",
+            static_cast<double>(generation_tokens_.load()));
+  w.Counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
+            static_cast<double>(stats.prefix_cache_hit_tokens));
+  w.Counter("tandem_prompt_tokens_computed_total", "Prompt tokens the backend computed (not cached).",
+            static_cast<double>(stats.prompt_tokens));
+  w.Counter("tandem_preemptions_total", "Sequences preempted for KV capacity.",
+            static_cast<double>(stats.preemptions));
+  w.Histogram("tandem_time_to_first_token_seconds", "Arrival to first generated token.", ttft_.Get());
+  w.Histogram("tandem_time_per_output_token_seconds", "Mean time per output token after the first.",
+              tpot_.Get());
+  w.Histogram("tandem_e2e_request_latency_seconds", "Arrival to finish.", e2e_.Get());
+  w.Histogram("tandem_queue_time_seconds", "Arrival to first scheduled.", queue_.Get());
+  w.Gauge("tandem_requests_running", "Requests being computed.", stats.running);
+  w.Gauge("tandem_requests_waiting", "Requests queued for admission.", stats.waiting);
+  w.Gauge("tandem_kv_blocks_used", "KV-cache blocks in use.",
+          stats.kv_blocks_used);
+  w.Gauge("tandem_kv_blocks_free", "KV-cache blocks free.", stats.kv_blocks_total - stats.kv_blocks_used);
+  return w.text();
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,89 @@
+// Request metrics of the HTTP front door and their Prometheus text exposition (format 0.0.4).
+//
+// Counters and histograms are updated from any thread (HTTP threads, the backend's loop thread
+// in sinks); rendering takes a consistent-enough snapshot (each histogram under its own lock).
+// Gauges come from serving::BackendStats at scrape time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "serving/backend.h"
+
+namespace tandem::server {
+
+// Cumulative-bucket histogram with fixed upper bounds (seconds here). Thread-safe.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);  // ascending, +Inf implied
+  void Observe(double value);
+
+  struct Snapshot {
+    std::vector<double> upper_bounds;
+    std::vector<uint64_t> cumulative;  // per bound; then `count` for +Inf
+    double sum = 0;
+    uint64_t count = 0;
+  };
+  Snapshot Get() const;
+
+ private:
+  const std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative), size bounds_ + 1
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+// Writes families in the Prometheus text format: "# HELP", "# TYPE", then samples.
+class PrometheusWriter {
+ public:
+  using Labels = std::vector<std::pair<std::string, std::string>>;
+  // A family with one sample per label set.
+  void Family(const std::string& name, const std::string& type, const std::string& help,
+              const std::vector<std::pair<Labels, double>>& samples);
+  void Counter(const std::string& name, const std::string& help, double value);
+  void Gauge(const std::string& name, const std::string& help, double value);
+  void Histogram(const std::string& name, const std::string& help, const Histogram::Snapshot& s);
+  const std::string& text() const { return out_; }
+
+  static std::string FormatValue(double v);  // "3", "0.25", "+Inf", "NaN"
+  static std::string EscapeLabel(const std::string& v);
+
+ private:
+  void Header(const std::string& name, const std::string& type, const std::string& help);
+  std::string out_;
+};
+
+// How a request ended, as counted in tandem_requests_total{outcome=...}.
+enum class Outcome { kSuccess, kLength, kCancelled, kError, kRejected, kTimeout, kBadRequest };
+inline constexpr int kNumOutcomes = 7;
+const char* OutcomeName(Outcome o);
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  void CountOutcome(Outcome o) { outcomes_[static_cast<int>(o)].fetch_add(1); }
+  // A request the backend finished: tokens, TTFT, TPOT, e2e latency and queue time.
+  void RecordFinished(const serving::FinishInfo& info);
+
+  int64_t outcome_count(Outcome o) const { return outcomes_[static_cast<int>(o)].load(); }
+  int64_t generation_tokens() const { return generation_tokens_.load(); }
+
+  // The whole /metrics body.
+  std::string Render(const serving::BackendStats& stats) const;
+
+ private:
+  std::atomic<int64_t> outcomes_[kNumOutcomes] = {};
+  std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> generation_tokens_{0};
+  Histogram ttft_;
+  Histogram tpot_;
+  Histogram e2e_;
+  Histogram queue_;
+};
+
+}  // namespace tandem::server

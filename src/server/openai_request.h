@@ -1,0 +1,58 @@
+// Parsing and validation of OpenAI /v1/chat/completions and /v1/completions request bodies into
+// one internal struct. Every rejection is an ApiError with the HTTP status (400 for malformed or
+// out-of-range input, 404 for an unknown model) and a message naming the offending field.
+//
+// Unknown fields are ignored (clients send many optional ones); known but unsupported features
+// (n > 1, logprobs, tools, penalties, ...) are refused with a clear 400 rather than ignored.
+// Tokenization and the prompt-length check happen later (BuildPrompt), as they need the model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "server/api_error.h"
+
+namespace tandem::server {
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+struct ProtocolLimits {
+  std::string served_model_name;  // the only accepted `model` value
+  int max_model_len = 2048;       // tokens: prompt + completion at most
+};
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;                          // the served model name (filled in when absent)
+  std::vector<model::ChatMessage> messages;   // chat: non-empty
+  std::string prompt;                         // completions given as text
+  std::vector<int32_t> prompt_token_ids;      // completions given as token ids (non-empty then)
+  std::optional<int> max_tokens;              // nullopt: up to the context
+  engine::SamplingParams sampling;
+  std::vector<std::string> stop;              // at most 4, none empty
+  bool stream = false;
+  bool include_usage = false;                 // stream_options.include_usage
+  bool ignore_eos = false;                    // extension (benchmarks)
+};
+
+// Parses `body` for `endpoint`. On failure returns the error; `out` is then unspecified.
+std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body,
+                                     const ProtocolLimits& limits, ParsedRequest* out);
+
+// Renders/tokenizes the prompt and checks the lengths: chat through `chat_template` (null: the
+// model has none, and `no_template_reason` says why) with parse_special; completions with the
+// vocabulary's add_bos and no special parsing. Fills *prompt_tokens and *max_tokens (the
+// effective completion budget). Errors: empty prompt, token ids outside the vocabulary, prompt
+// (+ max_tokens) longer than the context — the message names both lengths.
+std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::Tokenizer& tokenizer,
+                                    const model::ChatTemplate* chat_template,
+                                    const std::string& no_template_reason, int max_model_len,
+                                    std::vector<int32_t>* prompt_tokens, int* max_tokens);
+
+}  // namespace tandem::server

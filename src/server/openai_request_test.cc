@@ -1,0 +1,282 @@
+// Request parsing and validation: good requests give the expected struct, bad ones a specific
+// 4xx status, a message naming the problem and (where there is one) the parameter.
+#include "server/openai_request.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "model/tokenizer_test_util.h"
+
+namespace tandem::server {
+namespace {
+
+ProtocolLimits Limits() { return {"smol", 100}; }
+
+struct BadCase {
+  Endpoint endpoint;
+  std::string body;
+  int status;
+  std::string message_part;  // a substring the message must contain
+  std::string param;         // expected "param" (empty: null)
+};
+
+constexpr Endpoint kChat = Endpoint::kChatCompletions;
+constexpr Endpoint kCmpl = Endpoint::kCompletions;
+
+std::string Chat(const std::string& extra) {
+  return R"({"messages":[{"role":"user","content":"hi"}])" + extra + "}";
+}
+std::string Cmpl(const std::string& extra) { return R"({"prompt":"hi")" + extra + "}"; }
+
+const std::vector<BadCase>& BadCases() {
+  static const std::vector<BadCase> cases = {
+      {kChat, "", 400, "not valid JSON", ""},
+      {kChat, "{", 400, "not valid JSON", ""},
+      {kChat, "{\"messages\": [}", 400, "not valid JSON", ""},
+      {kChat, "nul", 400, "not valid JSON", ""},
+      {kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "not valid JSON", ""},
+      {kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", 400, "not valid JSON", ""},
+      {kChat, "[1,2,3]", 400, "must be a JSON object", ""},
+      {kChat, "\"text\"", 400, "must be a JSON object", ""},
+      {kChat, "{}", 400, "'messages' is required", "messages"},
+      {kChat, R"({"messages":null})", 400, "'messages' is required", "messages"},
+      {kChat, R"({"messages":"hi"})", 400, "'messages' must be an array", "messages"},
+      {kChat, R"({"messages":[]})", 400, "must not be empty", "messages"},
+      {kChat, R"({"messages":[5]})", 400, "'messages[0]' must be an object", "messages[0]"},
+      {kChat, R"({"messages":[{"content":"hi"}]})", 400, "'messages[0].role' is required", "messages[0].role"},
+      {kChat, R"({"messages":[{"role":7,"content":"hi"}]})", 400, "must be a string", "messages[0].role"},
+      {kChat, R"({"messages":[{"role":"wizard","content":"hi"}]})", 400, "must be one of", "messages[0].role"},
+      {kChat, R"({"messages":[{"role":"tool","content":"hi"}]})", 400, "must be one of", "messages[0].role"},
+      {kChat, R"({"messages":[{"role":"user"}]})", 400, "'messages[0].content' is required", "messages[0].content"},
+      {kChat, R"({"messages":[{"role":"user","content":42}]})", 400, "must be a string or an array", "messages[0].content"},
+      {kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
+       400, "not supported", "messages[0].content[0].type"},
+      {kChat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", 400, "must be a string",
+       "messages[0].content[0].text"},
+      {kChat, R"({"messages":[{"role":"user","content":["hi"]}]})", 400, "must be an object", "messages[0].content[0]"},
+      {kChat, Chat(R"(,"model":"gpt-4")"), 404, "does not exist", "model"},
+      {kChat, Chat(R"(,"model":5)"), 400, "'model' must be a string", "model"},
+      {kChat, Chat(R"(,"max_tokens":0)"), 400, "'max_tokens' must be between 1 and 100", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":-5)"), 400, "'max_tokens' must be between", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":1000000000000)"), 400, "'max_tokens' must be between", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":99999999999999999999999)"), 400, "'max_tokens' must be an integer", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":"10")"), 400, "'max_tokens' must be an integer, got a string", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":1.5)"), 400, "'max_tokens' must be an integer", "max_tokens"},
+      {kChat, Chat(R"(,"max_completion_tokens":101)"), 400, "between 1 and 100", "max_completion_tokens"},
+      {kChat, Chat(R"(,"temperature":-0.1)"), 400, "'temperature' must be between 0 and 2", "temperature"},
+      {kChat, Chat(R"(,"temperature":3)"), 400, "'temperature' must be between 0 and 2", "temperature"},
+      {kChat, Chat(R"(,"temperature":"hot")"), 400, "'temperature' must be a number", "temperature"},
+      {kChat, Chat(R"(,"temperature":true)"), 400, "got a boolean", "temperature"},
+      {kChat, Chat(R"(,"top_p":0)"), 400, "'top_p' must be greater than 0", "top_p"},
+      {kChat, Chat(R"(,"top_p":1.5)"), 400, "'top_p' must be between", "top_p"},
+      {kChat, Chat(R"(,"top_k":-2)"), 400, "'top_k' must be between", "top_k"},
+      {kChat, Chat(R"(,"min_p":2)"), 400, "'min_p' must be between", "min_p"},
+      {kChat, Chat(R"(,"seed":"abc")"), 400, "'seed' must be an integer", "seed"},
+      {kChat, Chat(R"(,"n":2)"), 400, "n > 1", "n"},
+      {kChat, Chat(R"(,"n":0)"), 400, "'n' must be between 1", "n"},
+      {kChat, Chat(R"(,"stop":5)"), 400, "'stop' must be a string or an array of strings", "stop"},
+      {kChat, Chat(R"(,"stop":["a","b","c","d","e"])"), 400, "at most 4", "stop"},
+      {kChat, Chat(R"(,"stop":["a",1])"), 400, "'stop' must be a string", "stop"},
+      {kChat, Chat(R"(,"stream":"yes")"), 400, "'stream' must be a boolean", "stream"},
+      {kChat, Chat(R"(,"stream_options":{"include_usage":true})"), 400, "only allowed when 'stream' is true",
+       "stream_options"},
+      {kChat, Chat(R"(,"stream":true,"stream_options":{"include_usage":1})"), 400, "must be a boolean",
+       "stream_options.include_usage"},
+      {kChat, Chat(R"(,"stream":true,"stream_options":[])"), 400, "must be an object", "stream_options"},
+      {kChat, Chat(R"(,"logprobs":true)"), 400, "not supported", "logprobs"},
+      {kChat, Chat(R"(,"presence_penalty":0.5)"), 400, "not supported", "presence_penalty"},
+      {kChat, Chat(R"(,"frequency_penalty":5)"), 400, "between -2 and 2", "frequency_penalty"},
+      {kChat, Chat(R"(,"tools":[{"type":"function"}])"), 400, "tool calling", "tools"},
+      {kChat, Chat(R"(,"logit_bias":{"5":10})"), 400, "not supported", "logit_bias"},
+      {kChat, Chat(R"(,"response_format":{"type":"json_object"})"), 400, "not supported", "response_format"},
+      {kChat, Chat(R"(,"ignore_eos":"no")"), 400, "'ignore_eos' must be a boolean", "ignore_eos"},
+      {kChat, Chat(R"(,"user":1)"), 400, "'user' must be a string", "user"},
+      {kCmpl, "{}", 400, "'prompt' is required", "prompt"},
+      {kCmpl, R"({"prompt":5})", 400, "'prompt' must be a string", "prompt"},
+      {kCmpl, R"({"prompt":[]})", 400, "must not be empty", "prompt"},
+      {kCmpl, R"({"prompt":[[]]})", 400, "must not be empty", "prompt"},
+      {kCmpl, R"({"prompt":["a","b"]})", 400, "more than one prompt", "prompt"},
+      {kCmpl, R"({"prompt":[1,-2]})", 400, "non-negative integers", "prompt"},
+      {kCmpl, R"({"prompt":[1,"x"]})", 400, "non-negative integers", "prompt"},
+      {kCmpl, R"({"prompt":[1.5]})", 400, "non-negative integers", "prompt"},
+      {kCmpl, R"({"prompt":[{"a":1}]})", 400, "'prompt' must be", "prompt"},
+      {kCmpl, Cmpl(R"(,"echo":true)"), 400, "not supported", "echo"},
+      {kCmpl, Cmpl(R"(,"best_of":3)"), 400, "best_of > 1", "best_of"},
+      {kCmpl, Cmpl(R"(,"logprobs":2)"), 400, "not supported", "logprobs"},
+      {kCmpl, Cmpl(R"(,"suffix":"end")"), 400, "not supported", "suffix"},
+      {kCmpl, Cmpl(R"(,"model":"other")"), 404, "does not exist", "model"},
+  };
+  return cases;
+}
+
+TEST(OpenAiRequestTest, BadInputsGiveSpecificErrors) {
+  ASSERT_GE(BadCases().size(), 30u);
+  for (const BadCase& c : BadCases()) {
+    SCOPED_TRACE(c.body);
+    ParsedRequest out;
+    const std::optional<ApiError> e = ParseRequest(c.endpoint, c.body, Limits(), &out);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->status, c.status);
+    EXPECT_NE(e->message.find(c.message_part), std::string::npos) << e->message;
+    EXPECT_EQ(e->param, c.param);
+    if (c.status == 404) {
+      EXPECT_EQ(e->code, "model_not_found");
+    }
+  }
+}
+
+TEST(OpenAiRequestTest, ParsesChatRequest) {
+  ParsedRequest r;
+  const std::string body = R"({
+    "model": "smol", "stream": true, "stream_options": {"include_usage": true},
+    "messages": [{"role": "developer", "content": "be brief"},
+                 {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                 {"role": "assistant", "content": null}],
+    "max_completion_tokens": 7, "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+    "min_p": 0.05, "seed": 123, "stop": ["x", ""], "n": 1, "ignore_eos": true,
+    "presence_penalty": 0, "logprobs": false, "some_future_field": {"x": 1}})";
+  ASSERT_FALSE(ParseRequest(kChat, body, Limits(), &r).has_value());
+  EXPECT_EQ(r.model, "smol");
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "a\nb");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(r.max_tokens, 7);  // max_completion_tokens wins
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_EQ(r.sampling.seed, 123u);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
+}
+
+TEST(OpenAiRequestTest, DefaultsAndMissingModel) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"hello","max_tokens":null,"top_k":-1})", Limits(), &r));
+  EXPECT_EQ(r.model, "smol");
+  EXPECT_EQ(r.prompt, "hello");
+  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.stream);
+}
+
+TEST(OpenAiRequestTest, PromptForms) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":["one string"]})", Limits(), &r));
+  EXPECT_EQ(r.prompt, "one string");
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":[1,2,3]})", Limits(), &r));
+  EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":[[4,5]]})", Limits(), &r));
+  EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{4, 5}));
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x","seed":-1})", Limits(), &r));
+  EXPECT_EQ(r.sampling.seed, ~uint64_t{0});
+}
+
+TEST(OpenAiRequestTest, DeeplyNestedJsonIsRejectedWithoutCrashing) {
+  ParsedRequest r;
+  const std::string open(1 << 20, '[');
+  EXPECT_EQ(ParseRequest(kChat, open, Limits(), &r)->status, 400);
+  const std::string closed = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(ParseRequest(kChat, closed, Limits(), &r)->status, 400);
+}
+
+class BuildPromptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto vocab = model::testing_util::SmolLm2Vocab();
+    ASSERT_FALSE(vocab.tokens.empty());
+    auto tok = model::Tokenizer::Create(vocab);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_ = std::move(*tok);
+    auto tmpl = model::ChatTemplate::Detect(
+        model::testing_util::SmolLm2VocabJson()["chat_template"].get<std::string>());
+    ASSERT_TRUE(tmpl.ok());
+    template_.emplace(std::move(*tmpl));
+  }
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::optional<model::ChatTemplate> template_;
+};
+
+TEST_F(BuildPromptTest, ChatUsesTemplateWithSpecialTokens) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kChat, Chat(""), Limits(), &r));
+  std::vector<int32_t> ids;
+  int max_tokens = 0;
+  ASSERT_FALSE(BuildPrompt(r, *tokenizer_, &*template_, "", 200, &ids, &max_tokens));
+  const std::string expected = template_->Apply({{"user", "hi"}}, true);
+  EXPECT_EQ(ids, tokenizer_->Encode(expected, tokenizer_->add_bos(), true));
+  EXPECT_EQ(max_tokens, 200 - static_cast<int>(ids.size()));
+}
+
+TEST_F(BuildPromptTest, ChatWithoutTemplateIs400) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kChat, Chat(""), Limits(), &r));
+  std::vector<int32_t> ids;
+  int max_tokens = 0;
+  auto e = BuildPrompt(r, *tokenizer_, nullptr, "unknown template", 200, &ids, &max_tokens);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_NE(e->message.find("no chat template"), std::string::npos);
+  EXPECT_NE(e->message.find("unknown template"), std::string::npos);
+}
+
+TEST_F(BuildPromptTest, CompletionTextIsNotParsedForSpecialTokens) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"<|im_start|>x"})", Limits(), &r));
+  std::vector<int32_t> ids;
+  int max_tokens = 0;
+  ASSERT_FALSE(BuildPrompt(r, *tokenizer_, &*template_, "", 200, &ids, &max_tokens));
+  EXPECT_EQ(ids, tokenizer_->Encode("<|im_start|>x", tokenizer_->add_bos(), false));
+}
+
+TEST_F(BuildPromptTest, LengthErrorsNameBothLengths) {
+  ParsedRequest r;
+  const std::string long_prompt(400, 'a');
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":")" + std::string(2000, 'x') + " " + long_prompt + "\"}",
+                            Limits(), &r));
+  std::vector<int32_t> ids;
+  int max_tokens = 0;
+  auto e = BuildPrompt(r, *tokenizer_, &*template_, "", 50, &ids, &max_tokens);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_NE(e->message.find("maximum context length is 50 tokens"), std::string::npos) << e->message;
+  EXPECT_NE(e->message.find("the prompt has " + std::to_string(ids.size()) + " tokens"), std::string::npos)
+      << e->message;
+
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"Hello there","max_tokens":99})", Limits(), &r));
+  e = BuildPrompt(r, *tokenizer_, &*template_, "", 100, &ids, &max_tokens);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "max_tokens");
+  EXPECT_NE(e->message.find("you requested " + std::to_string(ids.size() + 99) + " tokens"), std::string::npos)
+      << e->message;
+}
+
+TEST_F(BuildPromptTest, TokenIdsAreChecked) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":[1, 999999]})", Limits(), &r));
+  std::vector<int32_t> ids;
+  int max_tokens = 0;
+  auto e = BuildPrompt(r, *tokenizer_, &*template_, "", 100, &ids, &max_tokens);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("outside the vocabulary"), std::string::npos);
+}
+
+TEST_F(BuildPromptTest, EmptyPromptIs400) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":""})", Limits(), &r));
+  std::vector<int32_t> ids;
+  int max_tokens = 0;
+  if (tokenizer_->add_bos()) GTEST_SKIP() << "BOS makes an empty prompt non-empty";
+  auto e = BuildPrompt(r, *tokenizer_, &*template_, "", 100, &ids, &max_tokens);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("empty"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::server
