@@ -6,7 +6,10 @@
 namespace tandem {
 
 namespace {
-constexpr int kSpinIterations = 20000;  // ~50-100 us of pause instructions
+// Busy-wait budget before sleeping: about 10-50 us of pause instructions. Long enough to bridge
+// the gaps between the parallel calls of one decode step; short enough that an oversubscribed
+// machine (another busy process, more threads than cores) falls back to sleeping quickly.
+constexpr int kSpinIterations = 2000;
 inline void CpuRelax() { __builtin_ia32_pause(); }
 }  // namespace
 
@@ -27,7 +30,7 @@ void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   while (true) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations && !stop_.load(std::memory_order_relaxed); ++spin) {
+    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
       CpuRelax();
       gen = generation_.load(std::memory_order_acquire);
     }
@@ -39,7 +42,12 @@ void ThreadPool::WorkerLoop(int index) {
     if (stop_.load()) return;
     seen = gen;
     (*job_)(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // seq_cst pairs with the caller's store of caller_sleeping_: either we see the caller asleep
+    // and wake it, or the caller sees pending_ == 0 before sleeping.
+    if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
   }
 }
 
@@ -58,7 +66,14 @@ void ThreadPool::RunOnAll(const std::function<void(int)>& fn) {
   }
   start_cv_.notify_all();
   fn(0);
-  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+  for (int spin = 0; spin < kSpinIterations; ++spin) {
+    if (pending_.load(std::memory_order_acquire) == 0) return;
+    CpuRelax();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  caller_sleeping_.store(true);
+  done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+  caller_sleeping_.store(false);
 }
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,

@@ -7,8 +7,9 @@
 // calling thread takes part in the work, so a pool of N threads starts N-1 helpers.
 //
 // Hand-off cost matters: a decode step makes a few hundred parallel calls of tens of
-// microseconds each. Workers therefore spin for a short while (kSpinIterations) on the job
-// counter before sleeping on a condition variable, and the caller spins on the completion count.
+// microseconds each. Workers therefore spin for a short while on the job counter before sleeping
+// on a condition variable, and the caller spins briefly on the completion count before sleeping
+// too, so that an oversubscribed machine degrades gracefully instead of burning time slices.
 #pragma once
 
 #include <atomic>
@@ -47,6 +48,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;                    // only for sleeping workers
   std::condition_variable start_cv_;
+  std::condition_variable done_cv_;        // the caller sleeps here after spinning
+  std::atomic<bool> caller_sleeping_{false};
   // Published with release order before generation_ is bumped; read after acquiring it.
   const std::function<void(int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};  // bumped once per job

@@ -182,9 +182,12 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
   w.Histogram("tandem_queue_time_seconds", "Arrival to first scheduled.", queue_.Get());
   w.Gauge("tandem_requests_running", "Requests being computed.", stats.running);
   w.Gauge("tandem_requests_waiting", "Requests queued for admission.", stats.waiting);
-  w.Gauge("tandem_kv_blocks_used", "KV-cache blocks in use.",
-          stats.kv_blocks_used);
-  w.Gauge("tandem_kv_blocks_free", "KV-cache blocks free.", stats.kv_blocks_total - stats.kv_blocks_used);
+  w.Gauge("tandem_kv_blocks_used", "KV-cache blocks held by requests.", stats.kv_blocks_used);
+  w.Gauge("tandem_kv_blocks_cached",
+          "KV-cache blocks held only by the prefix cache (reusable; evicted when needed).",
+          stats.kv_blocks_cached);
+  w.Gauge("tandem_kv_blocks_free", "KV-cache blocks free.",
+          stats.kv_blocks_total - stats.kv_blocks_used - stats.kv_blocks_cached);
   return w.text();
 }
 

@@ -87,7 +87,8 @@ class LocalBackend final : public GenerationBackend {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
-      if (static_cast<int>(inbox_.size()) + waiting_count_.load() >= options_.max_waiting) {
+      // waiting_count_ covers the inbox and the loop's queue; Admit refreshes it.
+      if (waiting_count_.load() >= options_.max_waiting) {
         return ResourceExhausted("too many requests waiting (" + std::to_string(options_.max_waiting) + ")");
       }
       inbox_.push_back(std::move(seq));
@@ -104,6 +105,7 @@ class LocalBackend final : public GenerationBackend {
     s.waiting = waiting_count_.load();
     s.kv_blocks_total = kv_.num_blocks();
     s.kv_blocks_used = kv_used_.load();
+    s.kv_blocks_cached = kv_cached_.load();
     s.prefix_cache_hit_tokens = cache_hit_tokens_.load();
     s.prompt_tokens = prompt_tokens_.load();
     s.generated_tokens = generated_tokens_.load();
@@ -143,6 +145,7 @@ class LocalBackend final : public GenerationBackend {
       }
       ExpireDeadlines();
       Admit();
+      PublishStats();  // before the step, so that Submit sees the admissions at once
       if (!running_.empty()) Step();
       PublishStats();
     }
@@ -345,9 +348,11 @@ class LocalBackend final : public GenerationBackend {
 
   void PublishStats() {
     running_count_.store(static_cast<int>(running_.size()));
+    const int cached = prefix_cache_.UnsharedBlocks();
+    kv_cached_.store(cached);
+    kv_used_.store(kv_.num_blocks() - kv_.num_free() - cached);
     std::lock_guard<std::mutex> lock(mu_);
     waiting_count_.store(static_cast<int>(waiting_.size() + inbox_.size()));
-    kv_used_.store(kv_.num_blocks() - kv_.num_free());
   }
 
   engine::Engine* engine_;
@@ -374,6 +379,7 @@ class LocalBackend final : public GenerationBackend {
   std::atomic<int> running_count_{0};
   std::atomic<int> waiting_count_{0};
   std::atomic<int> kv_used_{0};
+  std::atomic<int> kv_cached_{0};
   std::atomic<int64_t> cache_hit_tokens_{0};
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> generated_tokens_{0};

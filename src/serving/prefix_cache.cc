@@ -40,6 +40,12 @@ void PrefixCache::Insert(uint64_t key, int32_t block) {
   entries_.emplace(key, Entry{block, lru_.begin()});
 }
 
+int PrefixCache::UnsharedBlocks() const {
+  int n = 0;
+  for (const auto& [key, entry] : entries_) n += kv_->ref_count(entry.block) == 1;
+  return n;
+}
+
 int PrefixCache::Evict(int n) {
   int freed = 0;
   for (auto it = lru_.end(); it != lru_.begin() && freed < n;) {

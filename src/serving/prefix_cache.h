@@ -40,6 +40,8 @@ class PrefixCache {
   int Evict(int n);
 
   int cached_blocks() const { return static_cast<int>(entries_.size()); }
+  // Cached blocks no sequence holds (evictable). O(cached blocks).
+  int UnsharedBlocks() const;
 
  private:
   struct Entry {
