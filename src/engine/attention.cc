@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+
+#include "engine/simd_exp.h"
 #include <cstring>
 #include <string>
 #include <vector>
@@ -79,23 +81,6 @@ void TileScalar(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head
   }
 }
 
-// exp for 16 floats (range reduction + degree-6 polynomial; relative error ~2e-7).
-__attribute__((target("avx512f"))) __m512 Exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 // AVX-512 path for block_tokens == 16 and head_dim % 16 == 0 (<= 256): one block's 16 scores
 // of a query row are one register (keys stored (head_dim, 16), so score = sum_d q[d] * K[d,:]).
 __attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a, int first_pos,
@@ -145,7 +130,7 @@ __attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a,
                                               _mm512_mul_ps(_mm512_add_ps(s0, s1), scale));
         const float m = std::max(st[r].max, _mm512_reduce_max_ps(s));
         const float corr = std::exp(st[r].max - m);
-        const __m512 p = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        const __m512 p = _mm512_maskz_mov_ps(valid, internal::Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
         st[r] = {m, st[r].sum * corr + _mm512_reduce_add_ps(p)};
         alignas(64) float pj[16];
         _mm512_store_ps(pj, p);

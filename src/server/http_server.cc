@@ -278,7 +278,7 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
     metrics->RecordFinished(info);
     log->info("{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
               "ttft={:.3f}s total={:.3f}s{}{}",
-              id, ReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
+              id, serving::FinishReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
               info.completion_tokens, info.queue_seconds, info.ttft_seconds, info.total_seconds,
               info.message.empty() ? "" : " message=", info.message);
   };
@@ -311,7 +311,7 @@ void HttpServer::Impl::RespondWhole(const std::shared_ptr<RequestSink>& sink, co
     if (t.finished) {
       const serving::FinishInfo& info = t.info;
       if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
-        res.set_content(CompletionBody(ctx, text, ReasonName(info.reason),
+        res.set_content(CompletionBody(ctx, text, serving::FinishReasonName(info.reason),
                                        {info.prompt_tokens, info.completion_tokens, info.cached_prompt_tokens}),
                         kJson);
       } else {
@@ -359,7 +359,7 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<RequestSink> sink, Response
         if (!t.finished) return true;
         const serving::FinishInfo& info = t.info;
         if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
-          if (!send(SseEvent(FinishChunk(w->ctx, ReasonName(info.reason))))) return false;
+          if (!send(SseEvent(FinishChunk(w->ctx, serving::FinishReasonName(info.reason))))) return false;
         } else if (!send(SseEvent(ApiErrorJson(FailureError(info, w->timeout_s))))) {
           return false;
         }

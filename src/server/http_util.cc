@@ -23,17 +23,6 @@ Outcome OutcomeOf(FinishReason r) {
   return Outcome::kError;
 }
 
-const char* ReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
-    case FinishReason::kTimeout: return "timeout";
-  }
-  return "error";
-}
-
 ApiError FailureError(const serving::FinishInfo& info, double timeout_s) {
   ApiError e;
   switch (info.reason) {

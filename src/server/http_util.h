@@ -12,7 +12,6 @@
 namespace tandem::server {
 
 Outcome OutcomeOf(serving::FinishReason r);
-const char* ReasonName(serving::FinishReason r);  // "stop", "length", "cancelled", "error", "timeout"
 
 // The error a request that did not end in stop/length reports: 504 (timeout), 503 (cancelled,
 // i.e. shut down), 500 (error). timeout_s: the request timeout, named in the message.

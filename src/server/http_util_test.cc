@@ -37,8 +37,8 @@ TEST(HttpUtilTest, FailureErrorsAndNames) {
   info.message = "engine failed";
   EXPECT_EQ(FailureError(info, 600).status, 500);
   EXPECT_NE(FailureError(info, 600).message.find("engine failed"), std::string::npos);
-  EXPECT_STREQ(ReasonName(FinishReason::kStop), "stop");
-  EXPECT_STREQ(ReasonName(FinishReason::kLength), "length");
+  EXPECT_STREQ(serving::FinishReasonName(FinishReason::kStop), "stop");
+  EXPECT_STREQ(serving::FinishReasonName(FinishReason::kLength), "length");
   EXPECT_EQ(OutcomeOf(FinishReason::kStop), Outcome::kSuccess);
   EXPECT_EQ(OutcomeOf(FinishReason::kTimeout), Outcome::kTimeout);
 }
