@@ -102,7 +102,9 @@ def main():
                     "--port", "{port}"], {"ignore_eos": True}),
         "llama.cpp": ([sys.executable, "-m", "llama_cpp.server", "--model", args.model,
                        "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
-                       "--n_ctx", "8192", "--port", "{port}"],
+                       "--n_ctx", "8192", "--port", "{port}",
+                       # By default a new request interrupts the one streaming: queue instead.
+                       "--interrupt_requests", "False"],
                       {"logit_bias": {"0": -100, "2": -100, "4": -100}}),
     }
     out = {}
