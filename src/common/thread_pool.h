@@ -46,9 +46,9 @@ class ThreadPool {
 
   const int num_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;                    // only for sleeping workers
+  std::mutex mu_;  // only for sleeping workers
   std::condition_variable start_cv_;
-  std::condition_variable done_cv_;        // the caller sleeps here after spinning
+  std::condition_variable done_cv_;  // the caller sleeps here after spinning
   std::atomic<bool> caller_sleeping_{false};
   // Published with release order before generation_ is bumped; read after acquiring it.
   const std::function<void(int)>* job_ = nullptr;

@@ -4,18 +4,17 @@
 
 #include <algorithm>
 #include <cmath>
-
-#include "engine/simd_exp.h"
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/fp16.h"
+#include "engine/simd_exp.h"
 
 namespace tandem::engine {
 namespace {
 
-constexpr int kMaxGroup = 16;       // query heads per kv head
+constexpr int kMaxGroup = 16;  // query heads per kv head
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxRows = kMaxAttentionTile * kMaxGroup;
 
@@ -36,7 +35,10 @@ void TileScalar(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head
   float* acc = acc_buf.data();
   RowState st[kMaxRows];
   for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
-  std::vector<float> s(bt), kf(static_cast<size_t>(hd) * bt), vf(static_cast<size_t>(bt) * hd);
+  thread_local std::vector<float> s, kf, vf;  // (bt), (hd, bt), (bt, hd) block scratch
+  s.resize(bt);
+  kf.resize(static_cast<size_t>(hd) * bt);
+  vf.resize(static_cast<size_t>(bt) * hd);
   const int last_pos = first_pos + n_tokens - 1;
   for (int start = 0, bi = 0; start <= last_pos; start += bt, ++bi) {
     const int32_t block = a.block_table[bi];
@@ -84,9 +86,9 @@ void TileScalar(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head
 // AVX-512 path for block_tokens == 16 and head_dim % 16 == 0 (<= 256): one block's 16 scores
 // of a query row are one register (keys stored (head_dim, 16), so score = sum_d q[d] * K[d,:]).
 __attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a, int first_pos,
-                                                          int n_tokens, int kv_head,
-                                                          const float* q, int64_t q_stride,
-                                                          float* out, int64_t out_stride) {
+                                                         int n_tokens, int kv_head, const float* q,
+                                                         int64_t q_stride, float* out,
+                                                         int64_t out_stride) {
   const KvCacheShape& sh = a.kv->shape();
   const int hd = sh.head_dim, g = a.n_heads / sh.n_kv_heads;
   const int rows = n_tokens * g;
@@ -107,12 +109,13 @@ __attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a,
     const uint16_t* vh = a.kv->Values(block, a.layer, kv_head);
     const int n_block = std::min(16, last_pos + 1 - start);
     for (int d = 0; d < hd; ++d) {
-      _mm512_store_ps(kf + d * 16, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                       reinterpret_cast<const __m256i*>(kh + d * 16))));
+      _mm512_store_ps(
+          kf + d * 16,
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kh + d * 16))));
     }
     for (int i = 0; i < n_block * hd; i += 16) {
-      _mm512_store_ps(vf + i, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                  reinterpret_cast<const __m256i*>(vh + i))));
+      _mm512_store_ps(
+          vf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vh + i))));
     }
     for (int t = 0; t < n_tokens; ++t) {
       const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
@@ -130,7 +133,8 @@ __attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a,
                                               _mm512_mul_ps(_mm512_add_ps(s0, s1), scale));
         const float m = std::max(st[r].max, _mm512_reduce_max_ps(s));
         const float corr = std::exp(st[r].max - m);
-        const __m512 p = _mm512_maskz_mov_ps(valid, internal::Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        const __m512 p =
+            _mm512_maskz_mov_ps(valid, internal::Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
         st[r] = {m, st[r].sum * corr + _mm512_reduce_add_ps(p)};
         alignas(64) float pj[16];
         _mm512_store_ps(pj, p);

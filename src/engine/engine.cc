@@ -47,7 +47,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   if (options.block_tokens < 1 || options.block_tokens > 256) {
     return InvalidArgument("block tokens must be in [1, 256]");
   }
-  const int capacity = options.kv_capacity_tokens > 0 ? options.kv_capacity_tokens : c.context_length;
+  const int capacity =
+      options.kv_capacity_tokens > 0 ? options.kv_capacity_tokens : c.context_length;
   KvCacheShape shape;
   shape.n_layers = c.n_layers;
   shape.n_kv_heads = c.n_kv_heads;

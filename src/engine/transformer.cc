@@ -90,22 +90,22 @@ void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, in
   const int hd = config_.head_dim;
   const int bt = kv.shape().block_tokens;
   ParallelRows(static_cast<int64_t>(token_pos_.size()), [&](int64_t begin, int64_t end) {
-  for (int64_t t = begin; t < end; ++t) {
-    const BatchItem& item = batch[token_item_[t]];
-    const int pos = token_pos_[t];
-    const int32_t block = item.block_table[pos / bt];
-    const int slot = pos % bt;
-    for (int h = 0; h < config_.n_kv_heads; ++h) {
-      const float* ks = &k_[(t * config_.n_kv_heads + h) * hd];
-      const float* vs = &v_[(t * config_.n_kv_heads + h) * hd];
-      uint16_t* kd = kv.Keys(block, layer, h) + slot;  // (head_dim, block_tokens)
-      uint16_t* vd = kv.Values(block, layer, h) + slot * hd;
-      for (int d = 0; d < hd; ++d) {
-        kd[d * bt] = Fp32ToFp16(ks[d]);
-        vd[d] = Fp32ToFp16(vs[d]);
+    for (int64_t t = begin; t < end; ++t) {
+      const BatchItem& item = batch[token_item_[t]];
+      const int pos = token_pos_[t];
+      const int32_t block = item.block_table[pos / bt];
+      const int slot = pos % bt;
+      for (int h = 0; h < config_.n_kv_heads; ++h) {
+        const float* ks = &k_[(t * config_.n_kv_heads + h) * hd];
+        const float* vs = &v_[(t * config_.n_kv_heads + h) * hd];
+        uint16_t* kd = kv.Keys(block, layer, h) + slot;  // (head_dim, block_tokens)
+        uint16_t* vd = kv.Values(block, layer, h) + slot * hd;
+        for (int d = 0; d < hd; ++d) {
+          kd[d * bt] = Fp32ToFp16(ks[d]);
+          vd[d] = Fp32ToFp16(vs[d]);
+        }
       }
     }
-  }
   });
 }
 
@@ -117,7 +117,8 @@ void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, 
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     const int n = static_cast<int>(batch[i].tokens.size());
     for (int s = 0; s < n; s += kMaxAttentionTile) {
-      tiles_.push_back({static_cast<int>(i), static_cast<int>(t + s), std::min(kMaxAttentionTile, n - s)});
+      tiles_.push_back(
+          {static_cast<int>(i), static_cast<int>(t + s), std::min(kMaxAttentionTile, n - s)});
     }
     t += n;
   }
@@ -129,8 +130,8 @@ void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, 
       const int kv_head = static_cast<int>(task % n_kv);
       const BatchItem& item = batch[tile.item];
       AttentionArgs args{&kv, layer, item.block_table, config_.n_heads, scale};
-      AttendTile(args, token_pos_[tile.first_token], tile.n, kv_head, &q_[tile.first_token * qd], qd,
-                 &attn_[tile.first_token * qd], qd);
+      AttendTile(args, token_pos_[tile.first_token], tile.n, kv_head, &q_[tile.first_token * qd],
+                 qd, &attn_[tile.first_token * qd], qd);
     }
   };
   if (pool_ != nullptr) {
@@ -182,7 +183,8 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     for (int32_t tok : batch[i].tokens) {
       const auto& e = weights_.token_embd;
-      const auto* row = static_cast<const uint8_t*>(e.data) + tok * kernels::RowBytes(e.dtype, c.dim);
+      const auto* row =
+          static_cast<const uint8_t*>(e.data) + tok * kernels::RowBytes(e.dtype, c.dim);
       kernels::DequantizeRow(e.dtype, row, &x_[t * c.dim], c.dim);
       ++t;
     }
@@ -227,7 +229,8 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     ++r;
   }
   logits->resize(logit_rows * c.vocab_size);
-  if (logit_rows > 0) kernels::MatMul(weights_.output, picked.data(), logit_rows, logits->data(), pool_);
+  if (logit_rows > 0)
+    kernels::MatMul(weights_.output, picked.data(), logit_rows, logits->data(), pool_);
   return OkStatus();
 }
 

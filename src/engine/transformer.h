@@ -48,7 +48,7 @@ class Transformer {
   // Runs fn(begin, end) over row ranges on the pool.
   void ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
   void EnsureScratch(int64_t tokens, int64_t logit_rows);
-  void ComputeRope();  // angles of every token of the step (token_pos_)
+  void ComputeRope();                     // angles of every token of the step (token_pos_)
   void ApplyRope(float* x, int n_heads);  // (T, n_heads, head_dim), in place
   void WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
   void Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
@@ -59,17 +59,17 @@ class Transformer {
   std::function<void(int)> on_layer_done_;
 
   // Scratch, grown on demand. T = tokens in the batch.
-  std::vector<float> x_;       // (T, dim) residual stream
-  std::vector<float> xn_;      // (T, dim) normalised
-  std::vector<float> q_;       // (T, q_dim)
-  std::vector<float> k_;       // (T, kv_dim)
-  std::vector<float> v_;       // (T, kv_dim)
-  std::vector<float> attn_;    // (T, q_dim)
-  std::vector<float> gate_;    // (T, ffn_dim)
-  std::vector<float> up_;      // (T, ffn_dim)
-  std::vector<float> logit_in_;  // (rows wanting logits, dim) normalised final states
-  std::vector<float> rope_cos_;  // (T, rope_dim / 2)
-  std::vector<float> rope_sin_;  // (T, rope_dim / 2)
+  std::vector<float> x_;             // (T, dim) residual stream
+  std::vector<float> xn_;            // (T, dim) normalised
+  std::vector<float> q_;             // (T, q_dim)
+  std::vector<float> k_;             // (T, kv_dim)
+  std::vector<float> v_;             // (T, kv_dim)
+  std::vector<float> attn_;          // (T, q_dim)
+  std::vector<float> gate_;          // (T, ffn_dim)
+  std::vector<float> up_;            // (T, ffn_dim)
+  std::vector<float> logit_in_;      // (rows wanting logits, dim) normalised final states
+  std::vector<float> rope_cos_;      // (T, rope_dim / 2)
+  std::vector<float> rope_sin_;      // (T, rope_dim / 2)
   std::vector<int32_t> token_pos_;   // (T) position of each token
   std::vector<int32_t> token_item_;  // (T) batch item of each token
   struct AttentionTile {

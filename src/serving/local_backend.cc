@@ -26,9 +26,11 @@ struct Sequence {
   int n_prompt = 0;
   int n_computed = 0;           // leading tokens whose KV is in `blocks`
   std::vector<int32_t> blocks;  // KV blocks in position order (references owned)
+  std::vector<uint64_t> keys;   // prefix-cache keys of the first keys.size() full blocks of
+                                // tokens; tokens only grow, so keys are extended, never redone
   std::unique_ptr<engine::Sampler> sampler;
   int n_generated = 0;
-  int cached_tokens = 0;        // prompt tokens served from the prefix cache (first admission)
+  int cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
   bool admitted_once = false;
   bool prompt_offered = false;  // prompt blocks given to the prefix cache
   Clock::time_point first_scheduled{};
@@ -68,14 +70,17 @@ class LocalBackend final : public GenerationBackend {
     if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
     TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
     for (int32_t t : request.prompt_tokens) {
-      if (t < 0 || t >= cfg.vocab_size) return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+      if (t < 0 || t >= cfg.vocab_size)
+        return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
     }
     if (n_prompt >= cfg.context_length) {
       return OutOfRange("the prompt has " + std::to_string(n_prompt) +
-                        " tokens; the model's context length is " + std::to_string(cfg.context_length));
+                        " tokens; the model's context length is " +
+                        std::to_string(cfg.context_length));
     }
     if (kv_.BlocksFor(n_prompt + 1) > kv_.num_blocks()) {
-      return OutOfRange("the prompt has " + std::to_string(n_prompt) + " tokens; the KV cache holds " +
+      return OutOfRange("the prompt has " + std::to_string(n_prompt) +
+                        " tokens; the KV cache holds " +
                         std::to_string(int64_t{kv_.num_blocks()} * block_tokens_) + " tokens");
     }
     auto seq = std::make_unique<Sequence>();
@@ -89,7 +94,8 @@ class LocalBackend final : public GenerationBackend {
       if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
       // waiting_count_ covers the inbox and the loop's queue; Admit refreshes it.
       if (waiting_count_.load() >= options_.max_waiting) {
-        return ResourceExhausted("too many requests waiting (" + std::to_string(options_.max_waiting) + ")");
+        return ResourceExhausted("too many requests waiting (" +
+                                 std::to_string(options_.max_waiting) + ")");
       }
       inbox_.push_back(std::move(seq));
       waiting_count_.fetch_add(1);
@@ -128,7 +134,9 @@ class LocalBackend final : public GenerationBackend {
         std::unique_lock<std::mutex> lock(mu_);
         idle_ = running_.empty() && waiting_.empty() && inbox_.empty();
         if (idle_) idle_cv_.notify_all();
-        cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty(); });
+        cv_.wait(lock, [&] {
+          return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty();
+        });
         for (auto& s : inbox_) waiting_.push_back(std::move(s));
         inbox_.clear();
         if (stop_ || (draining_ && Clock::now() >= drain_deadline_)) {
@@ -169,7 +177,8 @@ class LocalBackend final : public GenerationBackend {
     const auto now = Clock::now();
     auto expire = [&](auto& list) {
       for (auto& s : list) {
-        if (now >= s->req.deadline) SetFinish(*s, FinishReason::kTimeout, "the request deadline passed");
+        if (now >= s->req.deadline)
+          SetFinish(*s, FinishReason::kTimeout, "the request deadline passed");
       }
     };
     expire(running_);
@@ -193,9 +202,8 @@ class LocalBackend final : public GenerationBackend {
       Sequence& s = *waiting_.front();
       if (options_.enable_prefix_cache && s.blocks.empty()) {
         // Reuse cached full blocks, leaving at least one token to compute (it yields logits).
-        const auto keys = PrefixCache::BlockKeys(s.tokens, block_tokens_);
         const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
-        s.blocks = prefix_cache_.Match(keys, max_blocks);
+        s.blocks = prefix_cache_.Match(KeysOf(s, s.tokens.size()), max_blocks);
         s.n_computed = static_cast<int>(s.blocks.size()) * block_tokens_;
       }
       if (!Reserve(s, static_cast<int64_t>(s.tokens.size()))) {
@@ -237,8 +245,24 @@ class LocalBackend final : public GenerationBackend {
   // Offers a sequence's computed full blocks to the prefix cache.
   void OfferBlocks(Sequence& s) {
     if (!options_.enable_prefix_cache) return;
-    const auto keys = PrefixCache::BlockKeys(std::span(s.tokens).first(s.n_computed), block_tokens_);
-    for (size_t i = 0; i < keys.size() && i < s.blocks.size(); ++i) prefix_cache_.Insert(keys[i], s.blocks[i]);
+    const auto keys = KeysOf(s, s.n_computed);
+    for (size_t i = 0; i < keys.size() && i < s.blocks.size(); ++i)
+      prefix_cache_.Insert(keys[i], s.blocks[i]);
+  }
+
+  // Keys of the full blocks among the first n_tokens tokens of `s`, hashing only blocks not
+  // hashed before.
+  std::span<const uint64_t> KeysOf(Sequence& s, size_t n_tokens) {
+    const size_t want = n_tokens / block_tokens_;
+    if (s.keys.size() < want) {
+      const size_t done = s.keys.size();
+      const uint64_t seed = done == 0 ? 0 : s.keys.back();
+      const auto more = PrefixCache::BlockKeys(
+          std::span(s.tokens).subspan(done * block_tokens_, (want - done) * block_tokens_),
+          block_tokens_, seed);
+      s.keys.insert(s.keys.end(), more.begin(), more.end());
+    }
+    return std::span(s.keys).first(want);
   }
 
   void Step() {
@@ -268,7 +292,8 @@ class LocalBackend final : public GenerationBackend {
     }
     // Preemption may have removed planned sequences from running_: keep only live ones.
     std::erase_if(plan, [&](const Planned& p) {
-      return std::none_of(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == p.seq; });
+      return std::none_of(running_.begin(), running_.end(),
+                          [&](const auto& r) { return r.get() == p.seq; });
     });
     if (plan.empty()) {
       ReapFinished();
@@ -279,7 +304,8 @@ class LocalBackend final : public GenerationBackend {
     for (const auto& p : plan) {
       Sequence& s = *p.seq;
       const bool last = s.n_computed + p.n == static_cast<int>(s.tokens.size());
-      items.push_back({s.blocks, s.n_computed, std::span(s.tokens).subspan(s.n_computed, p.n), last});
+      items.push_back(
+          {s.blocks, s.n_computed, std::span(s.tokens).subspan(s.n_computed, p.n), last});
     }
     Status st = engine_->transformer().Forward(items, kv_, &logits_);
     if (!st.ok()) {
@@ -299,7 +325,8 @@ class LocalBackend final : public GenerationBackend {
         OfferBlocks(s);
       }
       if (!items[i].want_logits) continue;
-      const int32_t tok = s.sampler->Sample(std::span(logits_).subspan(static_cast<size_t>(row++) * vocab, vocab));
+      const int32_t tok =
+          s.sampler->Sample(std::span(logits_).subspan(static_cast<size_t>(row++) * vocab, vocab));
       s.tokens.push_back(tok);
       ++s.n_generated;
       generated_tokens_.fetch_add(1);
@@ -335,7 +362,8 @@ class LocalBackend final : public GenerationBackend {
         info.prompt_tokens = s.n_prompt;
         info.completion_tokens = s.n_generated;
         info.cached_prompt_tokens = s.cached_tokens;
-        info.queue_seconds = s.admitted_once ? SecondsBetween(s.req.arrival, s.first_scheduled) : SecondsBetween(s.req.arrival, now);
+        info.queue_seconds = s.admitted_once ? SecondsBetween(s.req.arrival, s.first_scheduled)
+                                             : SecondsBetween(s.req.arrival, now);
         info.ttft_seconds = s.n_generated > 0 ? SecondsBetween(s.req.arrival, s.first_token) : 0;
         info.total_seconds = SecondsBetween(s.req.arrival, now);
         s.sink->OnFinish(info);
@@ -368,8 +396,8 @@ class LocalBackend final : public GenerationBackend {
   std::deque<std::unique_ptr<Sequence>> waiting_;
 
   std::mutex mu_;
-  std::condition_variable cv_;       // work arrived or stop/drain requested
-  std::condition_variable idle_cv_;  // the loop went idle
+  std::condition_variable cv_;                    // work arrived or stop/drain requested
+  std::condition_variable idle_cv_;               // the loop went idle
   std::vector<std::unique_ptr<Sequence>> inbox_;  // guarded by mu_
   bool stop_ = false;                             // guarded by mu_
   bool draining_ = false;                         // guarded by mu_

@@ -10,9 +10,10 @@ PrefixCache::~PrefixCache() {
   for (const auto& [key, entry] : entries_) kv_->Release(entry.block);
 }
 
-std::vector<uint64_t> PrefixCache::BlockKeys(std::span<const int32_t> tokens, int block_tokens) {
+std::vector<uint64_t> PrefixCache::BlockKeys(std::span<const int32_t> tokens, int block_tokens,
+                                             uint64_t seed) {
   std::vector<uint64_t> keys(tokens.size() / block_tokens);
-  uint64_t prev = 0;
+  uint64_t prev = seed;
   for (size_t i = 0; i < keys.size(); ++i) {
     prev = XXH3_64bits_withSeed(tokens.data() + i * block_tokens, block_tokens * sizeof(int32_t),
                                 prev);

@@ -24,8 +24,10 @@ class PrefixCache {
   explicit PrefixCache(engine::PagedKvCache* kv);
   ~PrefixCache();  // releases the cache's references
 
-  // Keys of the full blocks of `tokens` (tokens.size() / block_tokens of them).
-  static std::vector<uint64_t> BlockKeys(std::span<const int32_t> tokens, int block_tokens);
+  // Keys of the full blocks of `tokens` (tokens.size() / block_tokens of them). To continue a
+  // chain, pass the key of the block before tokens[0] as `seed` (0 starts a sequence).
+  static std::vector<uint64_t> BlockKeys(std::span<const int32_t> tokens, int block_tokens,
+                                         uint64_t seed = 0);
 
   // The blocks of the longest cached prefix of `keys`, at most max_blocks, in order. Each
   // returned block carries a new reference owned by the caller. Counts as a use (LRU).

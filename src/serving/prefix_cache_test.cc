@@ -24,6 +24,15 @@ TEST(PrefixCacheTest, KeysChainOverWholeBlocks) {
   EXPECT_NE(PrefixCache::BlockKeys(c, 4)[1], ka[1]);
 }
 
+TEST(PrefixCacheTest, SeededKeysContinueTheChain) {
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const auto whole = PrefixCache::BlockKeys(t, 4);
+  const auto tail = PrefixCache::BlockKeys(std::span(t).subspan(4), 4, whole[0]);
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_EQ(tail[0], whole[1]);
+  EXPECT_EQ(tail[1], whole[2]);
+}
+
 TEST(PrefixCacheTest, MatchTakesReferencesAndEvictSparesBlocksInUse) {
   auto kv = SmallKv(8);
   PrefixCache cache(kv.get());
