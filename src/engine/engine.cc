@@ -55,7 +55,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   shape.head_dim = c.head_dim;
   shape.block_tokens = options.block_tokens;
   shape.num_blocks = (capacity + options.block_tokens - 1) / options.block_tokens;
-  TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::Create(shape));
+  if (options.kv_memory) {
+    const size_t bytes = PagedKvCache::RequiredBytes(shape);
+    TANDEM_ASSIGN_OR_RETURN(uint8_t* memory, options.kv_memory(bytes));
+    TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::CreateOn(shape, memory, bytes));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::Create(shape));
+  }
   e->pool_ = std::make_unique<ThreadPool>(options.threads);
   e->transformer_ = std::make_unique<Transformer>(e->config_, e->weights_, e->pool_.get());
   return e;

@@ -34,6 +34,10 @@ struct EngineOptions {
   int block_tokens = 16;
   int kv_capacity_tokens = 0;  // 0: the model's context length
   int prefill_chunk = 512;     // tokens per forward step while prefilling
+  // Where the KV cache lives: null for the heap; otherwise called once with the bytes needed
+  // and returns 64-byte aligned memory that outlives the engine (e.g. a transfer-engine
+  // segment, so that peers can read and write KV blocks in place).
+  std::function<StatusOr<uint8_t*>(size_t bytes)> kv_memory;
 };
 
 struct GenerateOptions {

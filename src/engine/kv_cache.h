@@ -30,9 +30,22 @@ struct KvCacheShape {
   int num_blocks = 0;
 };
 
+// Frees the cache's memory when it owns it (Create), not when the caller does (CreateOn).
+struct KvMemoryDeleter {
+  bool owned = true;
+  void operator()(uint8_t* p) const;
+};
+
 class PagedKvCache {
  public:
   static StatusOr<std::unique_ptr<PagedKvCache>> Create(const KvCacheShape& shape);
+  // The same over caller-owned memory (e.g. a shared-memory segment the transfer engine
+  // publishes), which must be 64-byte aligned, hold RequiredBytes(shape) and outlive the cache.
+  // The memory is zeroed.
+  static StatusOr<std::unique_ptr<PagedKvCache>> CreateOn(const KvCacheShape& shape,
+                                                          uint8_t* memory, size_t bytes);
+  // Bytes a cache of this shape needs (rounded up to 64).
+  static size_t RequiredBytes(const KvCacheShape& shape);
 
   const KvCacheShape& shape() const { return shape_; }
   size_t LayerSliceBytes() const { return layer_slice_bytes_; }
@@ -72,14 +85,11 @@ class PagedKvCache {
   }
 
  private:
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const;
-  };
   explicit PagedKvCache(const KvCacheShape& shape);
 
   KvCacheShape shape_;
   size_t layer_slice_bytes_;
-  std::unique_ptr<uint8_t, FreeDeleter> data_;
+  std::unique_ptr<uint8_t, KvMemoryDeleter> data_;
   std::vector<int32_t> free_;  // stack of free block ids
   std::vector<int32_t> refs_;  // per block
 };

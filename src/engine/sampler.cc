@@ -86,3 +86,14 @@ int32_t Sampler::Sample(std::span<const float> logits) {
 }
 
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+
+void Sampler::Skip(int n) {
+  // Greedy draws nothing; otherwise each Sample makes one uniform double draw, which takes one
+  // 64-bit output of the generator (53 mantissa bits fit in one call).
+  if (params_.temperature <= 0.0f || n <= 0) return;
+  rng_.discard(static_cast<unsigned long long>(n));
+}
+
+}  // namespace tandem::engine

@@ -30,6 +30,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   int32_t Sample(std::span<const float> logits);
+  // Advances the generator as `n` Sample calls would, so that a sequence continued elsewhere
+  // (the decode side of disaggregation) draws what it would have drawn in one place.
+  void Skip(int n);
 
  private:
   struct Candidate {

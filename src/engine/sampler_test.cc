@@ -69,5 +69,20 @@ TEST(SamplerTest, ValidateNamesTheField) {
   EXPECT_TRUE(good.Validate().ok());
 }
 
+TEST(SamplerTest, SkipContinuesTheSameStreamOfDraws) {
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.seed = 1234;
+  std::vector<float> logits(50);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(0.37f * i) * 3.0f;
+  Sampler whole(p);
+  std::vector<int32_t> expect;
+  for (int i = 0; i < 40; ++i) expect.push_back(whole.Sample(logits));
+  // A second sampler skips the first 7 draws and must continue identically.
+  Sampler continued(p);
+  continued.Skip(7);
+  for (int i = 7; i < 40; ++i) EXPECT_EQ(continued.Sample(logits), expect[i]) << "draw " << i;
+}
+
 }  // namespace
 }  // namespace tandem::engine

@@ -40,6 +40,10 @@ struct FinishInfo {
   double queue_seconds = 0;      // arrival -> first scheduled
   double ttft_seconds = 0;       // arrival -> first token
   double total_seconds = 0;      // arrival -> finish
+  // Disaggregated requests only (negative otherwise): the parts of the TTFT after queueing.
+  double prefill_seconds = -1;       // prefill compute (prefill worker)
+  double kv_transfer_seconds = -1;   // KV still moving after the last layer was computed
+  double first_decode_seconds = -1;  // KV landed -> first decode step done on the decode side
 };
 
 // Receives one request's output. Called from the backend's thread, never concurrently for the
@@ -62,6 +66,8 @@ struct BackendStats {
   int64_t prompt_tokens = 0;            // cumulative, computed (not cached)
   int64_t generated_tokens = 0;         // cumulative
   int64_t preemptions = 0;              // cumulative
+  int reserved_blocks = 0;              // decode side: held for KV being transferred in
+  int64_t reservations_expired = 0;     // cumulative: reserved, never claimed, freed
 };
 
 class GenerationBackend {

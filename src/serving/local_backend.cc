@@ -6,7 +6,9 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <future>
 #include <thread>
+#include <unordered_map>
 
 #include "common/logging.h"
 #include "serving/prefix_cache.h"
@@ -29,6 +31,7 @@ struct Sequence {
   std::vector<uint64_t> keys;   // prefix-cache keys of the first keys.size() full blocks of
                                 // tokens; tokens only grow, so keys are extended, never redone
   std::unique_ptr<engine::Sampler> sampler;
+  std::shared_ptr<KvObserver> observer;  // prefill side of disaggregation; may be null
   int n_generated = 0;
   int cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
   bool admitted_once = false;
@@ -41,10 +44,16 @@ struct Sequence {
   int pending() const { return static_cast<int>(tokens.size()) - n_computed; }
 };
 
-class LocalBackend final : public GenerationBackend {
+// Blocks held for KV that a prefill worker is writing in (decode side).
+struct Reservation {
+  std::vector<int32_t> blocks;
+  Clock::time_point expires;
+};
+
+class LocalBackendImpl final : public LocalBackend {
  public:
-  LocalBackend(engine::Engine* engine, const SchedulerOptions& options)
-      : engine_(engine),
+  LocalBackendImpl(engine::Engine* engine, const SchedulerOptions& options)
+      : LocalBackend(engine),
         options_(options),
         kv_(engine->kv()),
         block_tokens_(kv_.shape().block_tokens),
@@ -54,7 +63,7 @@ class LocalBackend final : public GenerationBackend {
     loop_ = std::thread([this] { Loop(); });
   }
 
-  ~LocalBackend() override {
+  ~LocalBackendImpl() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -64,6 +73,92 @@ class LocalBackend final : public GenerationBackend {
   }
 
   Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) override {
+    return SubmitObserved(std::move(request), std::move(sink), nullptr);
+  }
+
+  Status SubmitObserved(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
+                        std::shared_ptr<KvObserver> observer) override {
+    TANDEM_RETURN_IF_ERROR(Validate(request));
+    auto seq = NewSequence(std::move(request), std::move(sink));
+    seq->observer = std::move(observer);
+    std::lock_guard<std::mutex> lock(mu_);
+    TANDEM_RETURN_IF_ERROR(CheckAcceptingLocked());
+    inbox_.push_back(std::move(seq));
+    waiting_count_.fetch_add(1);
+    idle_ = false;
+    cv_.notify_all();
+    return OkStatus();
+  }
+
+  StatusOr<std::vector<int32_t>> ReserveBlocks(const std::string& id, int n_tokens,
+                                               Clock::time_point expires) override {
+    if (id.empty()) return InvalidArgument("a reservation needs an id");
+    if (n_tokens < 1) return InvalidArgument("a reservation needs at least one token");
+    if (kv_.BlocksFor(n_tokens) > kv_.num_blocks()) {
+      return OutOfRange(std::to_string(n_tokens) + " tokens exceed the KV cache (" +
+                        std::to_string(int64_t{kv_.num_blocks()} * block_tokens_) + " tokens)");
+    }
+    return RunOnLoop<std::vector<int32_t>>([=, this]() -> StatusOr<std::vector<int32_t>> {
+      if (reservations_.count(id)) return InvalidArgument("'" + id + "' is already reserved");
+      const int need = kv_.BlocksFor(n_tokens);
+      if (kv_.num_free() < need) prefix_cache_.Evict(need - kv_.num_free());
+      auto got = kv_.Allocate(need);
+      if (!got.ok()) return got.status();
+      reservations_[id] = Reservation{*got, expires};
+      return *got;
+    });
+  }
+
+  Status SubmitPrefilled(GenerationRequest request, int32_t first_token,
+                         std::shared_ptr<GenerationSink> sink) override {
+    TANDEM_RETURN_IF_ERROR(Validate(request));
+    if (first_token < 0 || first_token >= engine_->config().vocab_size) {
+      return InvalidArgument("first token outside the vocabulary");
+    }
+    std::shared_ptr<Sequence> shared = NewSequence(std::move(request), std::move(sink));
+    auto st = RunOnLoop<bool>([this, shared, first_token]() -> StatusOr<bool> {
+      Sequence& s = *shared;
+      auto it = reservations_.find(s.req.id);
+      if (it == reservations_.end()) {
+        return NotFound("no KV reservation for '" + s.req.id + "' (expired or cancelled)");
+      }
+      const int need = kv_.BlocksFor(s.n_prompt);
+      if (static_cast<int>(it->second.blocks.size()) < need) {
+        return InvalidArgument("the reservation holds fewer blocks than the prompt needs");
+      }
+      s.blocks = std::move(it->second.blocks);
+      reservations_.erase(it);
+      s.n_computed = s.n_prompt;
+      s.tokens.push_back(first_token);
+      s.n_generated = 1;
+      s.admitted_once = true;
+      s.prompt_offered = false;
+      s.first_scheduled = s.first_token = Clock::now();
+      s.sampler->Skip(1);  // the prefill side drew the first token from the same seed
+      if (!s.req.ignore_eos && engine_->tokenizer().IsEndOfGeneration(first_token)) {
+        SetFinish(s, FinishReason::kStop);
+      } else if (s.n_generated >= s.req.max_tokens) {
+        SetFinish(s, FinishReason::kLength);
+      }
+      auto owned = std::make_unique<Sequence>(std::move(s));
+      waiting_.push_back(std::move(owned));
+      ReapFinished();
+      return true;
+    });
+    return st.ok() ? OkStatus() : st.status();
+  }
+
+  void CancelReservation(const std::string& id) override {
+    PostToLoop([this, id] {
+      auto it = reservations_.find(id);
+      if (it == reservations_.end()) return;
+      kv_.Release(it->second.blocks);
+      reservations_.erase(it);
+    });
+  }
+
+ private:
+  Status Validate(const GenerationRequest& request) const {
     const auto& cfg = engine_->config();
     const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
     if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
@@ -83,26 +178,56 @@ class LocalBackend final : public GenerationBackend {
                         " tokens; the KV cache holds " +
                         std::to_string(int64_t{kv_.num_blocks()} * block_tokens_) + " tokens");
     }
+    return OkStatus();
+  }
+
+  static std::unique_ptr<Sequence> NewSequence(GenerationRequest request,
+                                               std::shared_ptr<GenerationSink> sink) {
     auto seq = std::make_unique<Sequence>();
     seq->req = std::move(request);
     seq->sink = std::move(sink);
     seq->tokens = seq->req.prompt_tokens;
-    seq->n_prompt = static_cast<int>(n_prompt);
+    seq->n_prompt = static_cast<int>(seq->tokens.size());
     seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling);
+    return seq;
+  }
+
+  Status CheckAcceptingLocked() const {
+    if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
+    // waiting_count_ covers the inbox and the loop's queue; Admit refreshes it.
+    if (waiting_count_.load() >= options_.max_waiting) {
+      return ResourceExhausted("too many requests waiting (" +
+                               std::to_string(options_.max_waiting) + ")");
+    }
+    return OkStatus();
+  }
+
+  // Queues fn for the loop thread (between steps).
+  void PostToLoop(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
-      // waiting_count_ covers the inbox and the loop's queue; Admit refreshes it.
-      if (waiting_count_.load() >= options_.max_waiting) {
-        return ResourceExhausted("too many requests waiting (" +
-                                 std::to_string(options_.max_waiting) + ")");
-      }
-      inbox_.push_back(std::move(seq));
-      waiting_count_.fetch_add(1);
+      commands_.push_back(std::move(fn));
       idle_ = false;
     }
     cv_.notify_all();
-    return OkStatus();
+  }
+
+  // Runs fn on the loop thread and returns its result; Unavailable if the loop does not get to
+  // it within kCommandWait (a step is at most a few seconds) or is stopping.
+  template <typename T>
+  StatusOr<T> RunOnLoop(std::function<StatusOr<T>()> fn) {
+    constexpr auto kCommandWait = std::chrono::seconds(30);
+    auto promise = std::make_shared<std::promise<StatusOr<T>>>();
+    auto future = promise->get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ || draining_) return FailedPrecondition("the server is shutting down");
+    }
+    PostToLoop([promise, fn = std::move(fn)] { promise->set_value(fn()); });
+    if (future.wait_for(kCommandWait) != std::future_status::ready) {
+      return Status(StatusCode::kUnavailable, "the engine loop did not answer in time");
+    }
+    return future.get();
   }
 
   BackendStats Stats() const override {
@@ -116,6 +241,8 @@ class LocalBackend final : public GenerationBackend {
     s.prompt_tokens = prompt_tokens_.load();
     s.generated_tokens = generated_tokens_.load();
     s.preemptions = preemptions_.load();
+    s.reserved_blocks = reserved_blocks_.load();
+    s.reservations_expired = reservations_expired_.load();
     return s;
   }
 
@@ -128,17 +255,28 @@ class LocalBackend final : public GenerationBackend {
   }
 
  private:
+  Clock::time_point NextReservationExpiry() const {
+    Clock::time_point next = Clock::time_point::max();
+    for (const auto& [id, r] : reservations_) next = std::min(next, r.expires);
+    return next;
+  }
+  bool ReservationDue() const { return Clock::now() >= NextReservationExpiry(); }
+
   void Loop() {
+    std::vector<std::function<void()>> commands;
     while (true) {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        idle_ = running_.empty() && waiting_.empty() && inbox_.empty();
+        idle_ = running_.empty() && waiting_.empty() && inbox_.empty() && reservations_.empty();
         if (idle_) idle_cv_.notify_all();
-        cv_.wait(lock, [&] {
-          return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty();
+        // Sleeps until work arrives, or until the earliest reservation expires.
+        cv_.wait_until(lock, NextReservationExpiry(), [&] {
+          return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty() ||
+                 !commands_.empty() || ReservationDue();
         });
         for (auto& s : inbox_) waiting_.push_back(std::move(s));
         inbox_.clear();
+        commands.swap(commands_);
         if (stop_ || (draining_ && Clock::now() >= drain_deadline_)) {
           lock.unlock();
           CancelAll(stop_ ? "the server stopped" : "the shutdown deadline passed");
@@ -151,6 +289,8 @@ class LocalBackend final : public GenerationBackend {
           continue;
         }
       }
+      for (auto& fn : commands) fn();
+      commands.clear();
       ExpireDeadlines();
       Admit();
       PublishStats();  // before the step, so that Submit sees the admissions at once
@@ -160,6 +300,8 @@ class LocalBackend final : public GenerationBackend {
   }
 
   void CancelAll(const std::string& why) {
+    for (auto& [id, r] : reservations_) kv_.Release(r.blocks);
+    reservations_.clear();
     for (auto& s : running_) SetFinish(*s, FinishReason::kCancelled, why);
     for (auto& s : waiting_) SetFinish(*s, FinishReason::kCancelled, why);
     ReapFinished();
@@ -183,6 +325,17 @@ class LocalBackend final : public GenerationBackend {
     };
     expire(running_);
     expire(waiting_);
+    for (auto it = reservations_.begin(); it != reservations_.end();) {
+      if (now >= it->second.expires) {
+        log_->warn("KV reservation '{}' expired unclaimed; {} blocks freed", it->first,
+                   it->second.blocks.size());
+        kv_.Release(it->second.blocks);
+        reservations_expired_.fetch_add(1);
+        it = reservations_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     ReapFinished();
   }
 
@@ -307,7 +460,21 @@ class LocalBackend final : public GenerationBackend {
       items.push_back(
           {s.blocks, s.n_computed, std::span(s.tokens).subspan(s.n_computed, p.n), last});
     }
+    // Observers (prefill side of disaggregation) see each layer as soon as it is written.
+    std::vector<std::pair<KvObserver*, size_t>> observed;  // observer, plan index
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (plan[i].seq->observer) observed.emplace_back(plan[i].seq->observer.get(), i);
+    }
+    if (!observed.empty()) {
+      engine_->transformer().SetLayerDoneCallback([&](int layer) {
+        for (const auto& [obs, i] : observed) {
+          const Sequence& s = *plan[i].seq;
+          obs->OnLayerWritten(layer, s.blocks, s.n_computed, s.n_computed + plan[i].n);
+        }
+      });
+    }
     Status st = engine_->transformer().Forward(items, kv_, &logits_);
+    if (!observed.empty()) engine_->transformer().SetLayerDoneCallback(nullptr);
     if (!st.ok()) {
       log_->error("forward step failed: {}", st.ToString());
       for (const auto& p : plan) SetFinish(*p.seq, FinishReason::kError, st.message());
@@ -379,11 +546,13 @@ class LocalBackend final : public GenerationBackend {
     const int cached = prefix_cache_.UnsharedBlocks();
     kv_cached_.store(cached);
     kv_used_.store(kv_.num_blocks() - kv_.num_free() - cached);
+    int reserved = 0;
+    for (const auto& [id, r] : reservations_) reserved += static_cast<int>(r.blocks.size());
+    reserved_blocks_.store(reserved);
     std::lock_guard<std::mutex> lock(mu_);
     waiting_count_.store(static_cast<int>(waiting_.size() + inbox_.size()));
   }
 
-  engine::Engine* engine_;
   SchedulerOptions options_;
   engine::PagedKvCache& kv_;
   const int block_tokens_;
@@ -399,6 +568,8 @@ class LocalBackend final : public GenerationBackend {
   std::condition_variable cv_;                    // work arrived or stop/drain requested
   std::condition_variable idle_cv_;               // the loop went idle
   std::vector<std::unique_ptr<Sequence>> inbox_;  // guarded by mu_
+  std::vector<std::function<void()>> commands_;   // guarded by mu_; run by the loop thread
+  std::unordered_map<std::string, Reservation> reservations_;  // loop thread only
   bool stop_ = false;                             // guarded by mu_
   bool draining_ = false;                         // guarded by mu_
   bool idle_ = true;                              // guarded by mu_
@@ -412,15 +583,17 @@ class LocalBackend final : public GenerationBackend {
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> generated_tokens_{0};
   std::atomic<int64_t> preemptions_{0};
+  std::atomic<int> reserved_blocks_{0};
+  std::atomic<int64_t> reservations_expired_{0};
 
   std::thread loop_;  // last: starts after every member above is constructed
 };
 
 }  // namespace
 
-std::unique_ptr<GenerationBackend> MakeLocalBackend(engine::Engine* engine,
-                                                    const SchedulerOptions& options) {
-  return std::make_unique<LocalBackend>(engine, options);
+std::unique_ptr<LocalBackend> MakeLocalBackend(engine::Engine* engine,
+                                               const SchedulerOptions& options) {
+  return std::make_unique<LocalBackendImpl>(engine, options);
 }
 
 }  // namespace tandem::serving

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <memory>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "serving/backend.h"
@@ -17,8 +20,48 @@ struct SchedulerOptions {
   bool enable_prefix_cache = true;
 };
 
+// Told, on the loop thread, as soon as each layer of a forward step has written a sequence's
+// KV: the prefill side of disaggregation starts moving that layer while the next ones compute.
+class KvObserver {
+ public:
+  virtual ~KvObserver() = default;
+  // `layer` now holds the KV of positions [first_pos, end_pos) of the sequence whose block
+  // table (position order, block_tokens positions per block) is `blocks`. Positions below
+  // first_pos were written by earlier steps or came from the prefix cache.
+  virtual void OnLayerWritten(int layer, std::span<const int32_t> blocks, int first_pos,
+                              int end_pos) = 0;
+};
+
+// The in-process backend with the hooks that disaggregated workers use.
+class LocalBackend : public GenerationBackend {
+ public:
+  // Prefill side: Submit, plus an observer of the request's KV writes (kept until it finishes).
+  virtual Status SubmitObserved(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
+                                std::shared_ptr<KvObserver> observer) = 0;
+
+  // Decode side, step 1: reserves KV blocks for `n_tokens` positions under `id` (evicting
+  // cached prefix blocks if needed) and returns them in position order. ResourceExhausted if
+  // the cache cannot hold them now; the reservation is freed at `expires` unless claimed by
+  // SubmitPrefilled, and counted in Stats().reservations_expired.
+  virtual StatusOr<std::vector<int32_t>> ReserveBlocks(const std::string& id, int n_tokens,
+                                                       Clock::time_point expires) = 0;
+  // Decode side, step 2: the KV of request.prompt_tokens is in the blocks reserved under
+  // request.id and `first_token` was sampled after it; continues generation from there. The
+  // sink sees the tokens after first_token. NotFound if the reservation is gone.
+  virtual Status SubmitPrefilled(GenerationRequest request, int32_t first_token,
+                                 std::shared_ptr<GenerationSink> sink) = 0;
+  // Frees a reservation not claimed (no-op if unknown or claimed).
+  virtual void CancelReservation(const std::string& id) = 0;
+
+  const engine::Engine& engine() const { return *engine_; }
+
+ protected:
+  explicit LocalBackend(engine::Engine* engine) : engine_(engine) {}
+  engine::Engine* engine_;
+};
+
 // engine must outlive the backend. The loop thread starts immediately.
-std::unique_ptr<GenerationBackend> MakeLocalBackend(engine::Engine* engine,
-                                                    const SchedulerOptions& options);
+std::unique_ptr<LocalBackend> MakeLocalBackend(engine::Engine* engine,
+                                               const SchedulerOptions& options);
 
 }  // namespace tandem::serving
