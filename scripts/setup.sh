@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-  libfmt-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev curl)
+  libfmt-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev curl etcd-server etcd-client
+  libucx-dev iperf3)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,10 +20,10 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages of the server end-to-end tests (tests/server).
-if ! python3 -c "import openai, requests" 2>/dev/null; then
-  echo "setup: installing the Python packages openai, requests"
-  python3 -m pip install --quiet openai requests 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages openai requests
+if ! python3 -c "import openai, requests, matplotlib" 2>/dev/null; then
+  echo "setup: installing the Python packages openai, requests, matplotlib"
+  python3 -m pip install --quiet openai requests matplotlib 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages openai requests matplotlib
 fi
 
 scripts/fetch_model.sh

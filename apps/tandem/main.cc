@@ -1,9 +1,12 @@
 // tandem: one binary, one subcommand per role or tool. This file only wires options.
 #include <CLI/CLI.hpp>
 
+#include "bench_command.h"
 #include "common/logging.h"
 #include "generate_command.h"
 #include "serve_command.h"
+#include "worker_command.h"
+#include "transfer_bench_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem: LLM serving with prefill and decode disaggregated"};
@@ -15,13 +18,24 @@ int main(int argc, char** argv) {
   CLI::App* generate_cmd = tandem::app::AddGenerateCommand(app, generate);
   tandem::app::ServeFlags serve;
   CLI::App* serve_cmd = tandem::app::AddServeCommand(app, serve);
+  tandem::app::WorkerFlags worker;
+  CLI::App* worker_cmd = tandem::app::AddWorkerCommand(app, worker);
+  tandem::app::BenchFlags bench;
+  CLI::App* bench_cmd = tandem::app::AddBenchCommand(app, bench);
+  tandem::app::TransferBenchFlags transfer_bench;
+  CLI::App* transfer_bench_cmd = tandem::app::AddTransferBenchCommand(app, transfer_bench);
   CLI11_PARSE(app, argc, argv);
-  if (serve_cmd->parsed() && log_level_opt->count() == 0) log_level = "info";
+  if ((serve_cmd->parsed() || worker_cmd->parsed()) && log_level_opt->count() == 0) {
+    log_level = "info";
+  }
   if (!tandem::SetLogLevel(log_level)) {
     std::fprintf(stderr, "error: unknown log level '%s'\n", log_level.c_str());
     return 2;
   }
   if (generate_cmd->parsed()) return tandem::app::RunGenerate(generate);
   if (serve_cmd->parsed()) return tandem::app::RunServe(serve);
+  if (worker_cmd->parsed()) return tandem::app::RunWorker(worker);
+  if (bench_cmd->parsed()) return tandem::app::RunBench(bench);
+  if (transfer_bench_cmd->parsed()) return tandem::app::RunTransferBench(transfer_bench);
   return 2;
 }

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "cluster/conductor.h"
+#include "cluster/supervisor.h"
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "model/gguf.h"
@@ -16,6 +18,8 @@
 #include "generate_command.h"
 #include "server/http_server.h"
 #include "serving/local_backend.h"
+#include "transfer/metadata.h"
+#include "worker_command.h"
 
 namespace tandem::app {
 namespace {
@@ -61,97 +65,58 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
       ->check(CLI::Range(0.0, 1e5))->capture_default_str();
   cmd->add_option("--http-threads", f.http_threads, "Connections served at once "
                   "(default: max-num-seqs + max-waiting + 16)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--mode", f.mode, "disaggregated: prefill and decode worker processes; "
+                  "colocated: one process")
+      ->check(CLI::IsMember({"disaggregated", "colocated"}))->capture_default_str();
+  cmd->add_option("--prefill-workers", f.prefill_workers, "Prefill worker processes (disaggregated)")
+      ->check(CLI::Range(0, 64))->capture_default_str();
+  cmd->add_option("--decode-workers", f.decode_workers, "Decode worker processes (disaggregated)")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--threads-per-worker", f.threads_per_worker, "Engine threads of each worker "
+                  "(default: --threads divided among the workers, at least 1)")->check(CLI::Range(1, 256));
+  cmd->add_option("--metadata", f.metadata, "Metadata service for the workers (default: one served "
+                  "by this process on loopback; or etcd://HOST:PORT)");
+  cmd->add_option("--transfer-protocols", f.transfer_protocols, "KV transfer protocols by preference")
+      ->capture_default_str();
   return cmd;
 }
 
-int RunServe(const ServeFlags& f) {
+namespace {
+
+// The tokenizer and chat template without the weights: what a conductor needs.
+struct FrontEnd {
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::optional<model::ChatTemplate> chat_template;
+  std::string chat_template_error;
+};
+
+StatusOr<FrontEnd> LoadFrontEnd(const model::GgufFile& file, const model::LlamaConfig& config) {
+  FrontEnd fe;
+  TANDEM_ASSIGN_OR_RETURN(model::VocabData vocab, model::ReadVocab(file));
+  TANDEM_ASSIGN_OR_RETURN(fe.tokenizer, model::Tokenizer::Create(vocab));
+  if (config.chat_template.empty()) {
+    fe.chat_template_error = "the model has no tokenizer.chat_template";
+  } else if (auto t = model::ChatTemplate::Detect(config.chat_template); t.ok()) {
+    fe.chat_template = *t;
+  } else {
+    fe.chat_template_error = t.status().message();
+  }
+  return fe;
+}
+
+// Serves HTTP over `backend` until SIGTERM/SIGINT (blocked by the caller), then drains.
+// Returns the process exit code.
+int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo model,
+              serving::GenerationBackend* backend, const sigset_t& signals,
+              const std::string& description) {
   auto log = GetLogger("serve");
-  // Signals are taken by sigwait below; block them before any thread starts so none gets them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-
-  engine::EngineOptions eo;
-  eo.model_path = f.model.empty() ? DefaultModelPath() : f.model;
-  eo.threads = f.threads > 0 ? f.threads : DefaultThreads();
-  eo.block_tokens = f.block_tokens;
-
-  // Size the context and the KV cache from the model's shape (a cheap look at the header).
-  model::LlamaConfig config;
-  {
-    auto file = model::GgufFile::Open(eo.model_path);
-    if (!file.ok()) {
-      std::fprintf(stderr, "error: %s\n", file.status().ToString().c_str());
-      return 1;
-    }
-    auto c = model::ReadLlamaConfig(**file);
-    if (!c.ok()) {
-      std::fprintf(stderr, "error: %s\n", c.status().ToString().c_str());
-      return 1;
-    }
-    config = std::move(*c);
-  }
-  int max_model_len = f.max_model_len > 0 ? f.max_model_len : config.context_length;
-  if (max_model_len > config.context_length) {
-    std::fprintf(stderr, "error: --max-model-len %d is larger than the model's context length %d\n",
-                 max_model_len, config.context_length);
-    return 2;
-  }
-  int64_t kv_tokens = std::max(16384, max_model_len);
-  if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
-  if (f.kv_cache_mb > 0) kv_tokens = int64_t{f.kv_cache_mb} * (1 << 20) / KvBytesPerToken(config);
-  if (kv_tokens < f.block_tokens || kv_tokens > (1 << 26)) {
-    std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n", static_cast<long long>(kv_tokens));
-    return 2;
-  }
-  if (kv_tokens < max_model_len) {
-    // A request longer than the whole cache could never run: cap the context to the cache.
-    log->warn("the KV cache ({} tokens) is smaller than the context ({} tokens); max_model_len is "
-              "capped to {}", kv_tokens, max_model_len, kv_tokens);
-    max_model_len = static_cast<int>(kv_tokens);
-  }
-  eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
-  auto loaded = engine::Engine::Load(eo);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());
-    return 1;
-  }
-  std::unique_ptr<engine::Engine> eng = std::move(*loaded);
-
-  serving::SchedulerOptions so;
-  so.max_num_seqs = f.max_num_seqs;
-  so.max_batch_tokens = f.max_batch_tokens;
-  so.max_waiting = f.max_waiting;
-  std::unique_ptr<serving::GenerationBackend> backend = serving::MakeLocalBackend(eng.get(), so);
-
-  server::ServerOptions opts;
-  opts.host = f.host;
-  opts.port = f.port;
-  opts.api_key = f.api_key;
-  if (opts.api_key.empty()) {
-    if (const char* env = std::getenv("TANDEM_API_KEY")) opts.api_key = env;
-  }
-  opts.served_model_name = f.served_model_name.empty()
-                               ? std::filesystem::path(eo.model_path).stem().string()
-                               : f.served_model_name;
-  opts.max_model_len = max_model_len;
-  opts.request_timeout_s = f.request_timeout_s;
-  opts.http_threads = f.http_threads > 0 ? f.http_threads : f.max_num_seqs + f.max_waiting + 16;
-  server::HttpServer http(opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
-                          backend.get());
+  server::HttpServer http(opts, model, backend);
   if (const Status st = http.Bind(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     return 1;
   }
-  log->info("serving '{}' ({}) on http://{}:{}; threads={} max_num_seqs={} kv_cache={} tokens "
-            "({:.1f} MiB) max_model_len={} chat_template={}{}",
-            opts.served_model_name, eo.model_path, f.host, http.port(), eo.threads, f.max_num_seqs,
-            kv_tokens, kv_tokens * static_cast<double>(KvBytesPerToken(config)) / (1 << 20), max_model_len,
-            eng->chat_template() ? "yes" : "no", opts.api_key.empty() ? "" : " (API key required)");
-
+  log->info("serving '{}' on http://{}:{}; {}{}", opts.served_model_name, f.host, http.port(),
+            description, opts.api_key.empty() ? "" : " (API key required)");
   std::atomic<bool> server_exited{false};
   std::thread server_thread([&] {
     if (!http.Run()) log->error("the HTTP server stopped unexpectedly");
@@ -192,16 +157,208 @@ int RunServe(const ServeFlags& f) {
   while (!server_exited.load() && Clock::now() < idle_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (!server_exited.load()) {
-    log->info("stopped (closing idle keep-alive connections)");
-    log->flush();
-    std::fflush(nullptr);
-    std::_Exit(rc);  // the backend is drained; the HTTP threads may still use it, so no teardown
-  }
+  if (!server_exited.load()) return rc | 0x100;  // the caller exits without teardown
   server_thread.join();
-  backend.reset();
-  log->info("stopped");
   return rc;
+}
+
+// Ends the process after ServeHttp: with teardown if the HTTP threads are gone.
+int Finish(int rc) {
+  auto log = GetLogger("serve");
+  log->info("stopped");
+  log->flush();
+  std::fflush(nullptr);
+  if (rc & 0x100) std::_Exit(rc & 0xff);  // HTTP threads may still hold the backend
+  return rc;
+}
+
+}  // namespace
+
+int RunServe(const ServeFlags& f) {
+  auto log = GetLogger("serve");
+  // Signals are taken by sigwait; block them before any thread starts so none gets them.
+  // (Worker processes unblock them after fork.)
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  const int threads = f.threads > 0 ? f.threads : DefaultThreads();
+
+  // Size the context and the KV cache from the model's shape (a cheap look at the header).
+  auto file = model::GgufFile::Open(model_path);
+  if (!file.ok()) {
+    std::fprintf(stderr, "error: %s\n", file.status().ToString().c_str());
+    return 1;
+  }
+  auto read_config = model::ReadLlamaConfig(**file);
+  if (!read_config.ok()) {
+    std::fprintf(stderr, "error: %s\n", read_config.status().ToString().c_str());
+    return 1;
+  }
+  const model::LlamaConfig config = std::move(*read_config);
+  int max_model_len = f.max_model_len > 0 ? f.max_model_len : config.context_length;
+  if (max_model_len > config.context_length) {
+    std::fprintf(stderr, "error: --max-model-len %d is larger than the model's context length %d\n",
+                 max_model_len, config.context_length);
+    return 2;
+  }
+  int64_t kv_tokens = std::max(16384, max_model_len);
+  if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
+  if (f.kv_cache_mb > 0) kv_tokens = int64_t{f.kv_cache_mb} * (1 << 20) / KvBytesPerToken(config);
+  if (kv_tokens < f.block_tokens || kv_tokens > (1 << 26)) {
+    std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n", static_cast<long long>(kv_tokens));
+    return 2;
+  }
+  if (kv_tokens < max_model_len) {
+    // A request longer than the whole cache could never run: cap the context to the cache.
+    log->warn("the KV cache ({} tokens) is smaller than the context ({} tokens); max_model_len is "
+              "capped to {}", kv_tokens, max_model_len, kv_tokens);
+    max_model_len = static_cast<int>(kv_tokens);
+  }
+
+  server::ServerOptions opts;
+  opts.host = f.host;
+  opts.port = f.port;
+  opts.api_key = f.api_key;
+  if (opts.api_key.empty()) {
+    if (const char* env = std::getenv("TANDEM_API_KEY")) opts.api_key = env;
+  }
+  opts.served_model_name = f.served_model_name.empty()
+                               ? std::filesystem::path(model_path).stem().string()
+                               : f.served_model_name;
+  opts.max_model_len = max_model_len;
+  opts.request_timeout_s = f.request_timeout_s;
+  opts.http_threads = f.http_threads > 0 ? f.http_threads : f.max_num_seqs + f.max_waiting + 16;
+  const double kv_mib = kv_tokens * static_cast<double>(KvBytesPerToken(config)) / (1 << 20);
+
+  if (f.mode == "colocated") {
+    engine::EngineOptions eo;
+    eo.model_path = model_path;
+    eo.threads = threads;
+    eo.block_tokens = f.block_tokens;
+    eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
+    auto loaded = engine::Engine::Load(eo);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<engine::Engine> eng = std::move(*loaded);
+    serving::SchedulerOptions so;
+    so.max_num_seqs = f.max_num_seqs;
+    so.max_batch_tokens = f.max_batch_tokens;
+    so.max_waiting = f.max_waiting;
+    std::unique_ptr<serving::GenerationBackend> backend = serving::MakeLocalBackend(eng.get(), so);
+    const std::string description = fmt::format(
+        "colocated, threads={} max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) max_model_len={} "
+        "chat_template={}", threads, f.max_num_seqs, kv_tokens, kv_mib, max_model_len,
+        eng->chat_template() ? "yes" : "no");
+    const int rc = ServeHttp(f, opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
+                             backend.get(), signals, description);
+    if (rc & 0x100) return Finish(rc);
+    backend.reset();
+    return Finish(rc);
+  }
+
+  // Disaggregated: a metadata service, worker processes under a supervisor, and the conductor.
+  std::vector<std::string> protocol_names;
+  std::string error;
+  if (!ParseProtocolList(f.transfer_protocols, &protocol_names, &error)) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return 2;
+  }
+  auto front = LoadFrontEnd(**file, config);
+  if (!front.ok()) {
+    std::fprintf(stderr, "error: %s\n", front.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<transfer::MetadataHttpServer> metadata_server;
+  std::string metadata_uri = f.metadata;
+  if (metadata_uri.empty()) {
+    auto started = transfer::MetadataHttpServer::Start("127.0.0.1", 0);
+    if (!started.ok()) {
+      std::fprintf(stderr, "error: metadata service: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    metadata_server = std::move(*started);
+    metadata_uri = "http://127.0.0.1:" + std::to_string(metadata_server->port());
+  }
+  auto metadata = transfer::OpenMetadataStore(metadata_uri);
+  if (!metadata.ok()) {
+    std::fprintf(stderr, "error: %s\n", metadata.status().ToString().c_str());
+    return 1;
+  }
+  cluster::ConductorOptions co;
+  co.metadata = *metadata;
+  co.vocab_size = config.vocab_size;
+  co.max_model_len = max_model_len;
+  co.max_inflight = std::max(1, f.max_num_seqs * f.decode_workers + f.max_waiting);
+  auto conductor = cluster::Conductor::Start(co);
+  if (!conductor.ok()) {
+    std::fprintf(stderr, "error: %s\n", conductor.status().ToString().c_str());
+    return 1;
+  }
+  const int n_workers = f.prefill_workers + f.decode_workers;
+  const int worker_threads =
+      f.threads_per_worker > 0 ? f.threads_per_worker : std::max(1, threads / n_workers);
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  cluster::Conductor* conductor_ptr = conductor->get();
+  cluster::Supervisor supervisor([conductor_ptr](const std::string& name, const std::string&) {
+    conductor_ptr->CountWorkerRestart(name.rfind("prefill", 0) == 0 ? cluster::Role::kPrefill
+                                                                    : cluster::Role::kDecode);
+  });
+  auto spawn = [&](const std::string& role, int index) {
+    const std::string name = role + "-" + std::to_string(index);
+    cluster::ChildSpec spec;
+    spec.name = name;
+    spec.argv = {self, "--log-level", GetLogger("serve")->level() <= spdlog::level::info ? "info" : "warn",
+                 "worker", "--role", role, "--name", name, "--metadata", metadata_uri,
+                 "--model", model_path, "--threads", std::to_string(worker_threads),
+                 "--kv-cache-tokens", std::to_string(kv_tokens),
+                 "--block-tokens", std::to_string(f.block_tokens),
+                 "--max-num-seqs", std::to_string(f.max_num_seqs),
+                 "--max-batch-tokens", std::to_string(f.max_batch_tokens),
+                 "--max-waiting", std::to_string(f.max_waiting),
+                 "--transfer-protocols", f.transfer_protocols,
+                 "--drain-timeout-s", std::to_string(f.drain_timeout_s)};
+    return supervisor.Start(spec);
+  };
+  for (int i = 0; i < f.prefill_workers; ++i) {
+    if (Status st = spawn("prefill", i); !st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  for (int i = 0; i < f.decode_workers; ++i) {
+    if (Status st = spawn("decode", i); !st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  if (Status st = (*conductor)->WaitForWorkers(f.prefill_workers, f.decode_workers, After(180));
+      !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    supervisor.StopAll(After(5));
+    return 1;
+  }
+  const std::string description = fmt::format(
+      "disaggregated, {} prefill + {} decode workers x {} threads, metadata {}, max_num_seqs={} "
+      "kv_cache={} tokens ({:.1f} MiB) per worker, max_model_len={} chat_template={}",
+      f.prefill_workers, f.decode_workers, worker_threads, metadata_uri, f.max_num_seqs, kv_tokens,
+      kv_mib, max_model_len, front->chat_template ? "yes" : "no");
+  const int rc = ServeHttp(
+      f, opts,
+      {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,
+       front->chat_template_error},
+      conductor->get(), signals, description);
+  supervisor.StopAll(After(f.drain_timeout_s + 5));
+  if (rc & 0x100) return Finish(rc);
+  conductor->reset();
+  return Finish(rc);
 }
 
 }  // namespace tandem::app

@@ -1,5 +1,7 @@
-// `tandem serve`: the OpenAI-compatible HTTP server over one in-process engine with continuous
-// batching (serving::MakeLocalBackend + server::HttpServer). SIGTERM/SIGINT: stop accepting
+// `tandem serve`: the OpenAI-compatible HTTP server. Disaggregated by default: a conductor
+// (cluster::Conductor + server::HttpServer) in this process and prefill / decode worker
+// processes (`tandem worker`) that it supervises and restarts. --mode colocated: one
+// in-process engine with continuous batching (serving::MakeLocalBackend). SIGTERM/SIGINT: stop accepting
 // (503), let in-flight requests finish within --drain-timeout-s, exit 0; a second signal exits
 // at once.
 #pragma once
@@ -28,6 +30,13 @@ struct ServeFlags {
   double request_timeout_s = 600;
   double drain_timeout_s = 30;
   int http_threads = 0;           // 0: max_num_seqs + max_waiting + 16
+  // Disaggregated mode (the default): a conductor in this process, workers as child processes.
+  std::string mode = "disaggregated";  // or "colocated": one in-process engine
+  int prefill_workers = 1;
+  int decode_workers = 1;
+  int threads_per_worker = 0;     // 0: threads / (prefill + decode workers), at least 1
+  std::string metadata;           // empty: an HTTP metadata service in this process
+  std::string transfer_protocols = "shm,tcp";
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.

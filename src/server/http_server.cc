@@ -276,11 +276,17 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
   auto on_finish = [metrics = metrics_, log = log_, id = g.id](const serving::FinishInfo& info) {
     metrics->CountOutcome(OutcomeOf(info.reason));
     metrics->RecordFinished(info);
+    std::string breakdown;  // disaggregated requests: where the TTFT went
+    if (info.prefill_seconds >= 0) {
+      breakdown = fmt::format(" prefill={:.3f}s kv_transfer={:.4f}s first_decode={:.4f}s",
+                              info.prefill_seconds, std::max(0.0, info.kv_transfer_seconds),
+                              std::max(0.0, info.first_decode_seconds));
+    }
     log->info("{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
-              "ttft={:.3f}s total={:.3f}s{}{}",
+              "ttft={:.3f}s{} total={:.3f}s{}{}",
               id, serving::FinishReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
-              info.completion_tokens, info.queue_seconds, info.ttft_seconds, info.total_seconds,
-              info.message.empty() ? "" : " message=", info.message);
+              info.completion_tokens, info.queue_seconds, info.ttft_seconds, breakdown,
+              info.total_seconds, info.message.empty() ? "" : " message=", info.message);
   };
   auto sink = std::make_shared<RequestSink>(model_.tokenizer, parsed.stop, parsed.ignore_eos,
                                             std::move(on_finish));

@@ -141,7 +141,13 @@ ServerMetrics::ServerMetrics()
       e2e_({0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
             60.0, 120.0, 240.0, 480.0, 960.0}),
       queue_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-              10.0, 20.0, 40.0, 80.0}) {}
+              10.0, 20.0, 40.0, 80.0}),
+      ttft_prefill_({0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                     20.0, 40.0, 80.0}),
+      ttft_transfer_({0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                      0.25, 0.5, 1.0, 2.5}),
+      first_decode_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
+                     2.5}) {}
 
 void ServerMetrics::RecordFinished(const serving::FinishInfo& info) {
   prompt_tokens_.fetch_add(info.prompt_tokens);
@@ -152,6 +158,9 @@ void ServerMetrics::RecordFinished(const serving::FinishInfo& info) {
   if (info.completion_tokens > 1) {
     tpot_.Observe((info.total_seconds - info.ttft_seconds) / (info.completion_tokens - 1));
   }
+  if (info.prefill_seconds >= 0) ttft_prefill_.Observe(info.prefill_seconds);
+  if (info.kv_transfer_seconds >= 0) ttft_transfer_.Observe(info.kv_transfer_seconds);
+  if (info.first_decode_seconds >= 0) first_decode_.Observe(info.first_decode_seconds);
 }
 
 std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
@@ -180,6 +189,14 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
               tpot_.Get());
   w.Histogram("tandem_e2e_request_latency_seconds", "Arrival to finish.", e2e_.Get());
   w.Histogram("tandem_queue_time_seconds", "Arrival to first scheduled.", queue_.Get());
+  w.Histogram("tandem_ttft_prefill_seconds",
+              "Disaggregated requests: prefill compute on the prefill worker.", ttft_prefill_.Get());
+  w.Histogram("tandem_ttft_kv_transfer_seconds",
+              "Disaggregated requests: KV still moving after the last layer was computed.",
+              ttft_transfer_.Get());
+  w.Histogram("tandem_first_decode_step_seconds",
+              "Disaggregated requests: KV landed on the decode worker to its first decode step.",
+              first_decode_.Get());
   w.Gauge("tandem_requests_running", "Requests being computed.", stats.running);
   w.Gauge("tandem_requests_waiting", "Requests queued for admission.", stats.waiting);
   w.Gauge("tandem_kv_blocks_used", "KV-cache blocks held by requests.", stats.kv_blocks_used);
@@ -188,6 +205,28 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
           stats.kv_blocks_cached);
   w.Gauge("tandem_kv_blocks_free", "KV-cache blocks free.",
           stats.kv_blocks_total - stats.kv_blocks_used - stats.kv_blocks_cached);
+  w.Gauge("tandem_kv_blocks_reserved", "KV-cache blocks reserved for KV being transferred in.",
+          stats.reserved_blocks);
+  w.Counter("tandem_kv_reservations_expired_total",
+            "KV reservations freed because no transfer claimed them in time.",
+            static_cast<double>(stats.reservations_expired));
+  // Backend-specific families, grouped by name in first-seen order.
+  std::vector<std::string> names;
+  for (const auto& m : stats.extra) {
+    if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
+  }
+  for (const auto& name : names) {
+    std::vector<std::pair<PrometheusWriter::Labels, double>> samples;
+    std::string help;
+    bool counter = false;
+    for (const auto& m : stats.extra) {
+      if (m.name != name) continue;
+      samples.push_back({m.labels, m.value});
+      help = m.help;
+      counter = m.counter;
+    }
+    w.Family(name, counter ? "counter" : "gauge", help, samples);
+  }
   return w.text();
 }
 

@@ -84,6 +84,10 @@ class ServerMetrics {
   Histogram tpot_;
   Histogram e2e_;
   Histogram queue_;
+  // Disaggregated requests: the parts of the time to first token after queueing.
+  Histogram ttft_prefill_;
+  Histogram ttft_transfer_;
+  Histogram first_decode_;
 };
 
 }  // namespace tandem::server

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -56,6 +57,16 @@ class GenerationSink {
   virtual void OnFinish(const FinishInfo& info) = 0;
 };
 
+// A backend-specific figure exposed as it is in /metrics (e.g. the disaggregated backend's
+// transfer failures, or workers alive per role).
+struct ExtraMetric {
+  std::string name;                // Prometheus name, "tandem_..."
+  std::string help;
+  bool counter = false;            // counter (cumulative) or gauge
+  std::vector<std::pair<std::string, std::string>> labels;
+  double value = 0;
+};
+
 struct BackendStats {
   int running = 0;
   int waiting = 0;
@@ -68,6 +79,7 @@ struct BackendStats {
   int64_t preemptions = 0;              // cumulative
   int reserved_blocks = 0;              // decode side: held for KV being transferred in
   int64_t reservations_expired = 0;     // cumulative: reserved, never claimed, freed
+  std::vector<ExtraMetric> extra;       // samples of one name are grouped into one family
 };
 
 class GenerationBackend {

@@ -1,0 +1,126 @@
+#include "worker_command.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include "cluster/worker.h"
+#include "common/logging.h"
+#include "generate_command.h"
+
+namespace tandem::app {
+
+bool ParseProtocolList(const std::string& text, std::vector<std::string>* names, std::string* error) {
+  std::stringstream in(text);
+  std::string item;
+  names->clear();
+  while (std::getline(in, item, ',')) {
+    if (!transfer::ParseProtocol(item).ok()) {
+      *error = "unknown transfer protocol '" + item + "' (shm, tcp, ucx)";
+      return false;
+    }
+    names->push_back(item);
+  }
+  if (names->empty()) {
+    *error = "no transfer protocol given";
+    return false;
+  }
+  return true;
+}
+
+CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& f) {
+  CLI::App* cmd = app.add_subcommand("worker", "Run one engine of a disaggregated cluster");
+  cmd->add_option("--role", f.role, "prefill, decode or mixed")
+      ->check(CLI::IsMember({"prefill", "decode", "mixed"}))->capture_default_str();
+  cmd->add_option("--name", f.name, "Unique name in the cluster (default: <role>-<pid>)");
+  cmd->add_option("--metadata", f.metadata, "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
+      ->required();
+  cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
+  cmd->add_option("--host", f.host, "Address of the control endpoint and KV listener")->capture_default_str();
+  cmd->add_option("--port", f.port, "Control port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--threads", f.threads, "Engine threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity in tokens")
+      ->check(CLI::Range(16, 1 << 26))->capture_default_str();
+  cmd->add_option("--block-tokens", f.block_tokens, "Tokens per KV block (equal on every worker)")
+      ->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--max-num-seqs", f.max_num_seqs, "Sequences computed at once")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per forward step")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--max-waiting", f.max_waiting, "Queued requests beyond this are refused")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  cmd->add_option("--transfer-protocols", f.protocols, "KV transfer protocols by preference")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-s", f.drain_timeout_s, "On SIGTERM, time given to requests in flight")
+      ->check(CLI::Range(0.0, 1e5))->capture_default_str();
+  return cmd;
+}
+
+int RunWorker(const WorkerFlags& f) {
+  auto log = GetLogger("worker");
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  cluster::WorkerOptions o;
+  auto role = cluster::ParseRole(f.role);
+  if (!role.ok()) {
+    std::fprintf(stderr, "error: %s\n", role.status().ToString().c_str());
+    return 2;
+  }
+  o.role = *role;
+  o.name = f.name.empty() ? f.role + "-" + std::to_string(::getpid()) : f.name;
+  o.model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  o.threads = f.threads;
+  o.block_tokens = f.block_tokens;
+  o.kv_tokens = f.kv_cache_tokens;
+  o.max_num_seqs = f.max_num_seqs;
+  o.max_batch_tokens = f.max_batch_tokens;
+  o.max_waiting = f.max_waiting;
+  o.host = f.host;
+  o.port = f.port;
+  o.metadata_uri = f.metadata;
+  std::vector<std::string> names;
+  std::string error;
+  if (!ParseProtocolList(f.protocols, &names, &error)) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return 2;
+  }
+  o.protocols.clear();
+  for (const auto& n : names) o.protocols.push_back(*transfer::ParseProtocol(n));
+
+  auto worker = cluster::Worker::Start(o);
+  if (!worker.ok()) {
+    std::fprintf(stderr, "error: worker %s: %s\n", o.name.c_str(), worker.status().ToString().c_str());
+    return 1;
+  }
+  std::atomic<bool> exited{false};
+  std::thread server([&] {
+    if (!(*worker)->Run()) log->error("the control server stopped unexpectedly");
+    exited.store(true);
+  });
+  int sig = 0;
+  const timespec poll{0, 200 * 1000 * 1000};
+  while (!exited.load()) {
+    sig = sigtimedwait(&signals, nullptr, &poll);
+    if (sig > 0) break;
+  }
+  log->info("worker {} stopping", o.name);
+  (*worker)->Stop(std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout_s * 1000)));
+  server.join();
+  log->flush();
+  std::fflush(nullptr);
+  // Engine threads and the transfer engine are torn down with the process.
+  std::_Exit(sig > 0 ? 0 : 1);
+}
+
+}  // namespace tandem::app

@@ -1,0 +1,122 @@
+#include "cluster/kv_pusher.h"
+
+#include <algorithm>
+
+namespace tandem::cluster {
+
+using transfer::BatchStatus;
+using transfer::Clock;
+using transfer::TransferRequest;
+using transfer::TransferState;
+
+KvPusher::KvPusher(transfer::TransferEngine* te, engine::PagedKvCache* kv,
+                   transfer::SegmentHandle remote, KvTarget target, int n_prompt,
+                   Clock::time_point deadline, Clock::duration batch_timeout)
+    : te_(te),
+      kv_(kv),
+      remote_(remote),
+      target_(std::move(target)),
+      n_prompt_(n_prompt),
+      deadline_(deadline),
+      batch_timeout_(batch_timeout),
+      sent_upto_(kv->shape().n_layers, 0) {}
+
+KvPusher::~KvPusher() { WaitAll(); }
+
+Status KvPusher::CheckTarget(const engine::PagedKvCache& kv, const KvTarget& target,
+                             int n_prompt) {
+  const auto& shape = kv.shape();
+  if (target.block_tokens != shape.block_tokens || target.n_layers != shape.n_layers ||
+      target.layer_slice_bytes != kv.LayerSliceBytes()) {
+    return FailedPrecondition(
+        "the decode worker's KV geometry (" + std::to_string(target.n_layers) + " layers, " +
+        std::to_string(target.block_tokens) + "-token blocks, " +
+        std::to_string(target.layer_slice_bytes) + "-byte slices) differs from this worker's (" +
+        std::to_string(shape.n_layers) + ", " + std::to_string(shape.block_tokens) + ", " +
+        std::to_string(kv.LayerSliceBytes()) + "): the workers must serve the same model");
+  }
+  if (static_cast<int64_t>(target.blocks.size()) < kv.BlocksFor(n_prompt)) {
+    return InvalidArgument("the reservation holds " + std::to_string(target.blocks.size()) +
+                           " blocks; the prompt needs " + std::to_string(kv.BlocksFor(n_prompt)));
+  }
+  return OkStatus();
+}
+
+void KvPusher::OnLayerWritten(int layer, std::span<const int32_t> blocks, int first_pos,
+                              int end_pos) {
+  if (!status_.ok() || layer < 0 || layer >= static_cast<int>(sent_upto_.size())) return;
+  const int bt = kv_->shape().block_tokens;
+  // Everything not yet sent for this layer: a cached prefix (below first_pos) goes with the
+  // first chunk; a block the previous chunk left partly filled is sent again whole.
+  const int first_block = sent_upto_[layer] / bt;
+  const int end_block = std::min<int>((end_pos + bt - 1) / bt, static_cast<int>(blocks.size()));
+  sent_upto_[layer] = end_pos;
+  (void)first_pos;
+  std::vector<TransferRequest> requests;
+  requests.reserve(end_block - first_block);
+  const size_t slice = kv_->LayerSliceBytes();
+  for (int b = first_block; b < end_block; ++b) {
+    if (b >= static_cast<int>(target_.blocks.size())) {
+      status_ = OutOfRange("the prompt outgrew its KV reservation");
+      return;
+    }
+    TransferRequest r;
+    r.op = transfer::OpCode::kWrite;
+    r.local = kv_->data() + kv_->LayerSliceOffset(blocks[b], layer);
+    r.segment = remote_;
+    r.remote_offset = kv_->LayerSliceOffset(target_.blocks[b], layer);
+    r.length = slice;
+    requests.push_back(r);
+  }
+  if (requests.empty()) return;
+  const bool last = layer + 1 == static_cast<int>(sent_upto_.size()) && end_pos >= n_prompt_;
+  if (last) {
+    held_ = std::move(requests);  // goes with the notification, after the first token
+    return;
+  }
+  Submit(std::move(requests), {});
+}
+
+void KvPusher::Submit(std::vector<TransferRequest> requests, const std::string& notification) {
+  auto batch = te_->SubmitBatch(requests, std::min(deadline_, Clock::now() + batch_timeout_),
+                                notification);
+  if (!batch.ok()) {
+    if (status_.ok()) status_ = batch.status().WithContext("KV transfer refused");
+    failure_state_ = TransferState::kFailed;
+    return;
+  }
+  for (const auto& r : requests) bytes_ += r.length;
+  batches_.push_back(*batch);
+}
+
+void KvPusher::WaitAll() {
+  for (transfer::BatchId id : batches_) {
+    const BatchStatus s = te_->WaitBatch(id);
+    if (s.state != TransferState::kCompleted && status_.ok()) {
+      failure_state_ = s.timed_out > 0 ? TransferState::kTimedOut : TransferState::kFailed;
+      status_ = (s.first_error.ok() ? Internal("KV transfer did not complete") : s.first_error)
+                    .WithContext("KV transfer to " + target_.decode_worker);
+    }
+    (void)te_->FreeBatch(id);
+  }
+  batches_.clear();
+}
+
+Status KvPusher::Finish(const std::string& notification) {
+  const auto start = Clock::now();
+  // Every earlier layer must have landed before the notification can say "complete".
+  WaitAll();
+  if (status_.ok()) {
+    if (held_.empty()) {
+      status_ = Internal("the last layer of the prompt was never computed");
+    } else {
+      Submit(std::move(held_), notification);
+      held_.clear();
+      WaitAll();
+    }
+  }
+  tail_seconds_ = std::chrono::duration<double>(Clock::now() - start).count();
+  return status_;
+}
+
+}  // namespace tandem::cluster

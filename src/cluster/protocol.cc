@@ -1,0 +1,303 @@
+#include "cluster/protocol.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::cluster {
+namespace {
+
+using nlohmann::json;
+
+// Parses JSON text, mapping every parse or type error to InvalidArgument.
+template <typename T, typename Fn>
+StatusOr<T> Parse(const std::string& text, const char* what, Fn fn) {
+  try {
+    const json j = json::parse(text);
+    if (!j.is_object()) return InvalidArgument(std::string(what) + ": expected a JSON object");
+    return fn(j);
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string(what) + ": " + e.what());
+  }
+}
+
+json SamplingJson(const engine::SamplingParams& s) {
+  return {{"temperature", s.temperature}, {"top_k", s.top_k}, {"top_p", s.top_p},
+          {"min_p", s.min_p}, {"seed", s.seed}};
+}
+
+engine::SamplingParams SamplingFrom(const json& j) {
+  engine::SamplingParams s;
+  s.temperature = j.value("temperature", 0.0f);
+  s.top_k = j.value("top_k", 0);
+  s.top_p = j.value("top_p", 1.0f);
+  s.min_p = j.value("min_p", 0.0f);
+  s.seed = j.value("seed", uint64_t{0});
+  return s;
+}
+
+json TargetJson(const KvTarget& t) {
+  return {{"segment", t.segment}, {"blocks", t.blocks}, {"block_tokens", t.block_tokens},
+          {"n_layers", t.n_layers}, {"layer_slice_bytes", t.layer_slice_bytes},
+          {"decode_worker", t.decode_worker}};
+}
+
+KvTarget TargetFrom(const json& j) {
+  KvTarget t;
+  t.segment = j.at("segment").get<std::string>();
+  t.blocks = j.at("blocks").get<std::vector<int32_t>>();
+  t.block_tokens = j.at("block_tokens").get<int>();
+  t.n_layers = j.at("n_layers").get<int>();
+  t.layer_slice_bytes = j.at("layer_slice_bytes").get<uint64_t>();
+  t.decode_worker = j.value("decode_worker", "");
+  return t;
+}
+
+StatusCode CodeFromName(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
+  }
+  return StatusCode::kInternal;
+}
+
+json StatsJson(const serving::BackendStats& s) {
+  return {{"running", s.running}, {"waiting", s.waiting}, {"kv_blocks_total", s.kv_blocks_total},
+          {"kv_blocks_used", s.kv_blocks_used}, {"kv_blocks_cached", s.kv_blocks_cached},
+          {"prefix_cache_hit_tokens", s.prefix_cache_hit_tokens},
+          {"prompt_tokens", s.prompt_tokens}, {"generated_tokens", s.generated_tokens},
+          {"preemptions", s.preemptions}, {"reserved_blocks", s.reserved_blocks},
+          {"reservations_expired", s.reservations_expired}};
+}
+
+serving::BackendStats StatsFrom(const json& j) {
+  serving::BackendStats s;
+  s.running = j.value("running", 0);
+  s.waiting = j.value("waiting", 0);
+  s.kv_blocks_total = j.value("kv_blocks_total", 0);
+  s.kv_blocks_used = j.value("kv_blocks_used", 0);
+  s.kv_blocks_cached = j.value("kv_blocks_cached", 0);
+  s.prefix_cache_hit_tokens = j.value("prefix_cache_hit_tokens", int64_t{0});
+  s.prompt_tokens = j.value("prompt_tokens", int64_t{0});
+  s.generated_tokens = j.value("generated_tokens", int64_t{0});
+  s.preemptions = j.value("preemptions", int64_t{0});
+  s.reserved_blocks = j.value("reserved_blocks", 0);
+  s.reservations_expired = j.value("reservations_expired", int64_t{0});
+  return s;
+}
+
+serving::FinishReason ReasonFrom(const std::string& name) {
+  using serving::FinishReason;
+  for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kCancelled,
+                         FinishReason::kError, FinishReason::kTimeout}) {
+    if (name == serving::FinishReasonName(r)) return r;
+  }
+  return FinishReason::kError;
+}
+
+}  // namespace
+
+const char* RoleName(Role r) {
+  switch (r) {
+    case Role::kPrefill: return "prefill";
+    case Role::kDecode: return "decode";
+    case Role::kMixed: return "mixed";
+  }
+  return "unknown";
+}
+
+StatusOr<Role> ParseRole(const std::string& s) {
+  if (s == "prefill") return Role::kPrefill;
+  if (s == "decode") return Role::kDecode;
+  if (s == "mixed") return Role::kMixed;
+  return InvalidArgument("unknown role '" + s + "' (prefill, decode or mixed)");
+}
+
+std::string WorkerInfo::ToJson() const {
+  return json{{"name", name}, {"role", RoleName(role)}, {"host", host}, {"port", port},
+              {"pid", pid}, {"kv_segment", kv_segment}, {"block_tokens", block_tokens},
+              {"n_layers", n_layers}, {"layer_slice_bytes", layer_slice_bytes},
+              {"kv_blocks", kv_blocks}, {"model", model}, {"incarnation", incarnation}}
+      .dump();
+}
+
+StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
+  return Parse<WorkerInfo>(text, "worker info", [](const json& j) -> StatusOr<WorkerInfo> {
+    WorkerInfo w;
+    w.name = j.at("name").get<std::string>();
+    TANDEM_ASSIGN_OR_RETURN(w.role, ParseRole(j.at("role").get<std::string>()));
+    w.host = j.at("host").get<std::string>();
+    w.port = j.at("port").get<int>();
+    w.pid = j.value("pid", 0);
+    w.kv_segment = j.value("kv_segment", "");
+    w.block_tokens = j.value("block_tokens", 0);
+    w.n_layers = j.value("n_layers", 0);
+    w.layer_slice_bytes = j.value("layer_slice_bytes", uint64_t{0});
+    w.kv_blocks = j.value("kv_blocks", 0);
+    w.model = j.value("model", "");
+    w.incarnation = j.value("incarnation", int64_t{0});
+    if (w.name.empty() || w.port <= 0 || w.port > 65535) {
+      return InvalidArgument("worker info needs a name and a valid port");
+    }
+    return w;
+  });
+}
+
+std::string WorkerStats::ToJson() const {
+  return json{{"backend", StatsJson(backend)}, {"kv_bytes_pushed", kv_bytes_pushed},
+              {"transfer_failures", transfer_failures}, {"transfer_timeouts", transfer_timeouts},
+              {"kv_wait_timeouts", kv_wait_timeouts}}
+      .dump();
+}
+
+StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
+  return Parse<WorkerStats>(text, "worker stats", [](const json& j) -> StatusOr<WorkerStats> {
+    WorkerStats s;
+    s.backend = StatsFrom(j.at("backend"));
+    s.kv_bytes_pushed = j.value("kv_bytes_pushed", uint64_t{0});
+    s.transfer_failures = j.value("transfer_failures", uint64_t{0});
+    s.transfer_timeouts = j.value("transfer_timeouts", uint64_t{0});
+    s.kv_wait_timeouts = j.value("kv_wait_timeouts", uint64_t{0});
+    return s;
+  });
+}
+
+std::string DecodeCall::ToJson() const {
+  return json{{"id", id}, {"prompt_tokens", prompt_tokens}, {"max_tokens", max_tokens},
+              {"ignore_eos", ignore_eos}, {"sampling", SamplingJson(sampling)},
+              {"timeout_ms", timeout_ms}, {"kv_wait_ms", kv_wait_ms}, {"local", local}}
+      .dump();
+}
+
+StatusOr<DecodeCall> DecodeCall::FromJson(const std::string& text) {
+  return Parse<DecodeCall>(text, "decode call", [](const json& j) -> StatusOr<DecodeCall> {
+    DecodeCall c;
+    c.id = j.at("id").get<std::string>();
+    c.prompt_tokens = j.at("prompt_tokens").get<std::vector<int32_t>>();
+    c.max_tokens = j.at("max_tokens").get<int>();
+    c.ignore_eos = j.value("ignore_eos", false);
+    if (j.contains("sampling")) c.sampling = SamplingFrom(j.at("sampling"));
+    c.timeout_ms = j.value("timeout_ms", int64_t{600000});
+    c.kv_wait_ms = j.value("kv_wait_ms", int64_t{60000});
+    c.local = j.value("local", false);
+    if (c.id.empty()) return InvalidArgument("decode call without an id");
+    if (c.timeout_ms <= 0 || c.kv_wait_ms <= 0) {
+      return InvalidArgument("decode call: timeouts must be positive");
+    }
+    return c;
+  });
+}
+
+std::string PrefillCall::ToJson() const {
+  return json{{"id", id}, {"prompt_tokens", prompt_tokens}, {"sampling", SamplingJson(sampling)},
+              {"timeout_ms", timeout_ms}, {"target", TargetJson(target)}}
+      .dump();
+}
+
+StatusOr<PrefillCall> PrefillCall::FromJson(const std::string& text) {
+  return Parse<PrefillCall>(text, "prefill call", [](const json& j) -> StatusOr<PrefillCall> {
+    PrefillCall c;
+    c.id = j.at("id").get<std::string>();
+    c.prompt_tokens = j.at("prompt_tokens").get<std::vector<int32_t>>();
+    if (j.contains("sampling")) c.sampling = SamplingFrom(j.at("sampling"));
+    c.timeout_ms = j.value("timeout_ms", int64_t{600000});
+    c.target = TargetFrom(j.at("target"));
+    if (c.id.empty()) return InvalidArgument("prefill call without an id");
+    if (c.timeout_ms <= 0) return InvalidArgument("prefill call: timeout must be positive");
+    return c;
+  });
+}
+
+std::string PrefillResult::ToJson() const {
+  return json{{"first_token", first_token}, {"cached_tokens", cached_tokens},
+              {"queue_seconds", queue_seconds}, {"prefill_seconds", prefill_seconds},
+              {"transfer_seconds", transfer_seconds}, {"kv_bytes", kv_bytes}}
+      .dump();
+}
+
+StatusOr<PrefillResult> PrefillResult::FromJson(const std::string& text) {
+  return Parse<PrefillResult>(text, "prefill result", [](const json& j) -> StatusOr<PrefillResult> {
+    PrefillResult r;
+    r.first_token = j.at("first_token").get<int32_t>();
+    r.cached_tokens = j.value("cached_tokens", 0);
+    r.queue_seconds = j.value("queue_seconds", 0.0);
+    r.prefill_seconds = j.value("prefill_seconds", 0.0);
+    r.transfer_seconds = j.value("transfer_seconds", 0.0);
+    r.kv_bytes = j.value("kv_bytes", uint64_t{0});
+    return r;
+  });
+}
+
+std::string DecodeEvent::ToJson() const {
+  json j;
+  switch (kind) {
+    case Kind::kReserved:
+      j = {{"event", "reserved"}, {"target", TargetJson(reserved)}};
+      break;
+    case Kind::kToken:
+      j = {{"event", "token"}, {"token", token}};
+      break;
+    case Kind::kFinish:
+      j = {{"event", "finish"},
+           {"reason", serving::FinishReasonName(finish.reason)},
+           {"message", finish.message},
+           {"prompt_tokens", finish.prompt_tokens},
+           {"completion_tokens", finish.completion_tokens},
+           {"cached_prompt_tokens", finish.cached_prompt_tokens},
+           {"queue_seconds", finish.queue_seconds},
+           {"ttft_seconds", finish.ttft_seconds},
+           {"total_seconds", finish.total_seconds},
+           {"first_decode_seconds", finish.first_decode_seconds}};
+      break;
+    case Kind::kError:
+      j = {{"event", "error"}, {"code", StatusCodeName(error.code())}, {"message", error.message()}};
+      break;
+  }
+  return j.dump();
+}
+
+StatusOr<DecodeEvent> DecodeEvent::FromJson(const std::string& text) {
+  return Parse<DecodeEvent>(text, "decode event", [](const json& j) -> StatusOr<DecodeEvent> {
+    DecodeEvent e;
+    const std::string kind = j.at("event").get<std::string>();
+    if (kind == "reserved") {
+      e.kind = Kind::kReserved;
+      e.reserved = TargetFrom(j.at("target"));
+    } else if (kind == "token") {
+      e.kind = Kind::kToken;
+      e.token = j.at("token").get<int32_t>();
+    } else if (kind == "finish") {
+      e.kind = Kind::kFinish;
+      e.finish.reason = ReasonFrom(j.at("reason").get<std::string>());
+      e.finish.message = j.value("message", "");
+      e.finish.prompt_tokens = j.value("prompt_tokens", 0);
+      e.finish.completion_tokens = j.value("completion_tokens", 0);
+      e.finish.cached_prompt_tokens = j.value("cached_prompt_tokens", 0);
+      e.finish.queue_seconds = j.value("queue_seconds", 0.0);
+      e.finish.ttft_seconds = j.value("ttft_seconds", 0.0);
+      e.finish.total_seconds = j.value("total_seconds", 0.0);
+      e.finish.first_decode_seconds = j.value("first_decode_seconds", -1.0);
+    } else if (kind == "error") {
+      e.kind = Kind::kError;
+      e.error = Status(CodeFromName(j.value("code", "INTERNAL")), j.value("message", ""));
+      if (e.error.ok()) e.error = Internal(j.value("message", "unknown error"));
+    } else {
+      return InvalidArgument("unknown decode event '" + kind + "'");
+    }
+    return e;
+  });
+}
+
+std::string ErrorJson(const Status& st) {
+  return json{{"error", {{"code", StatusCodeName(st.code())}, {"message", st.message()}}}}.dump();
+}
+
+Status StatusFromErrorJson(const std::string& text, const std::string& fallback) {
+  try {
+    const json j = json::parse(text);
+    const json& e = j.at("error");
+    Status st(CodeFromName(e.value("code", "INTERNAL")), e.value("message", fallback));
+    return st.ok() ? Internal(fallback) : st;
+  } catch (const std::exception&) {
+    return Internal(fallback);
+  }
+}
+
+}  // namespace tandem::cluster

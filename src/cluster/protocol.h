@@ -1,0 +1,130 @@
+// The control protocol between the conductor and its workers (JSON over HTTP on the worker's
+// control port), and what a worker publishes in the metadata service.
+//
+// Worker routes:
+//   GET  /health                      {"name", "role"}; 200 while serving
+//   GET  /stats                       WorkerStats
+//   POST /v1/decode   DecodeCall  ->  a stream of newline-delimited DecodeEvents:
+//                                     "reserved" (unless local), then "token"..., then one
+//                                     "finish" or "error"
+//   POST /v1/prefill  PrefillCall ->  PrefillResult (200) or {"error": {...}} (4xx/5xx)
+//   POST /v1/cancel   {"id"}      ->  frees what the worker holds for the request
+// Metadata: "tandem/workers/<name>" -> WorkerInfo, under the worker's lease.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/sampler.h"
+#include "serving/backend.h"
+
+namespace tandem::cluster {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Role { kPrefill, kDecode, kMixed };
+const char* RoleName(Role r);  // "prefill", "decode", "mixed"
+StatusOr<Role> ParseRole(const std::string& s);
+inline bool CanPrefill(Role r) { return r != Role::kDecode; }
+inline bool CanDecode(Role r) { return r != Role::kPrefill; }
+
+inline constexpr const char* kWorkersPrefix = "tandem/workers/";
+
+// Published by each worker. The KV geometry lets peers check they agree before moving blocks.
+struct WorkerInfo {
+  std::string name;          // unique in the cluster, e.g. "decode-0"
+  Role role = Role::kMixed;
+  std::string host;          // control endpoint
+  int port = 0;
+  int pid = 0;
+  std::string kv_segment;    // transfer-engine segment holding the KV pool
+  int block_tokens = 0;
+  int n_layers = 0;
+  uint64_t layer_slice_bytes = 0;
+  int kv_blocks = 0;
+  std::string model;         // file name of the model, to refuse mismatched pairs
+  int64_t incarnation = 0;   // start time (ms since epoch): a restarted worker differs
+
+  std::string ToJson() const;
+  static StatusOr<WorkerInfo> FromJson(const std::string& json);
+};
+
+struct WorkerStats {
+  serving::BackendStats backend;
+  uint64_t kv_bytes_pushed = 0;      // prefill side: KV written to decode workers
+  uint64_t transfer_failures = 0;    // batches that failed
+  uint64_t transfer_timeouts = 0;    // batches that timed out
+  uint64_t kv_wait_timeouts = 0;     // decode side: reservations whose KV never came
+
+  std::string ToJson() const;
+  static StatusOr<WorkerStats> FromJson(const std::string& json);
+};
+
+// Where the prefill worker writes a request's KV.
+struct KvTarget {
+  std::string segment;               // the decode worker's KV segment
+  std::vector<int32_t> blocks;       // reserved blocks, position order
+  int block_tokens = 0;
+  int n_layers = 0;
+  uint64_t layer_slice_bytes = 0;
+  std::string decode_worker;         // for logs and notifications
+};
+
+struct DecodeCall {
+  std::string id;
+  std::vector<int32_t> prompt_tokens;
+  int max_tokens = 16;
+  bool ignore_eos = false;
+  engine::SamplingParams sampling;
+  int64_t timeout_ms = 600000;       // the request's remaining time
+  int64_t kv_wait_ms = 60000;        // how long the reservation waits for its KV
+  bool local = false;                // compute the prompt here (no prefill worker)
+
+  std::string ToJson() const;
+  static StatusOr<DecodeCall> FromJson(const std::string& json);
+};
+
+struct PrefillCall {
+  std::string id;
+  std::vector<int32_t> prompt_tokens;
+  engine::SamplingParams sampling;
+  int64_t timeout_ms = 600000;
+  KvTarget target;
+
+  std::string ToJson() const;
+  static StatusOr<PrefillCall> FromJson(const std::string& json);
+};
+
+struct PrefillResult {
+  int32_t first_token = -1;
+  int cached_tokens = 0;
+  double queue_seconds = 0;
+  double prefill_seconds = 0;        // first scheduled -> last layer computed
+  double transfer_seconds = 0;       // KV still moving after that
+  uint64_t kv_bytes = 0;
+
+  std::string ToJson() const;
+  static StatusOr<PrefillResult> FromJson(const std::string& json);
+};
+
+// One line of the /v1/decode stream.
+struct DecodeEvent {
+  enum class Kind { kReserved, kToken, kFinish, kError };
+  Kind kind = Kind::kToken;
+  KvTarget reserved;                 // kReserved
+  int32_t token = -1;                // kToken
+  serving::FinishInfo finish;        // kFinish (reason, counts, first_decode_seconds)
+  Status error;                      // kError
+
+  std::string ToJson() const;        // one line, no newline
+  static StatusOr<DecodeEvent> FromJson(const std::string& json);
+};
+
+// {"error": {"code": "UNAVAILABLE", "message": "..."}} and back.
+std::string ErrorJson(const Status& st);
+Status StatusFromErrorJson(const std::string& json, const std::string& fallback);
+
+}  // namespace tandem::cluster

@@ -1,0 +1,90 @@
+#include "cluster/protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace tandem::cluster {
+namespace {
+
+TEST(ProtocolTest, MessagesRoundTrip) {
+  WorkerInfo w;
+  w.name = "decode-0";
+  w.role = Role::kDecode;
+  w.host = "127.0.0.1";
+  w.port = 4321;
+  w.kv_segment = "decode-0.17/kv";
+  w.block_tokens = 16;
+  w.n_layers = 30;
+  w.layer_slice_bytes = 12288;
+  w.kv_blocks = 1024;
+  w.incarnation = 17;
+  auto w2 = WorkerInfo::FromJson(w.ToJson());
+  ASSERT_TRUE(w2.ok()) << w2.status().ToString();
+  EXPECT_EQ(w2->name, "decode-0");
+  EXPECT_EQ(w2->role, Role::kDecode);
+  EXPECT_EQ(w2->port, 4321);
+  EXPECT_EQ(w2->layer_slice_bytes, 12288u);
+  EXPECT_EQ(w2->incarnation, 17);
+
+  PrefillCall p;
+  p.id = "cmpl-1";
+  p.prompt_tokens = {1, 2, 3};
+  p.sampling.temperature = 0.5f;
+  p.sampling.seed = 7;
+  p.timeout_ms = 1234;
+  p.target = {"decode-0.17/kv", {5, 9}, 16, 30, 12288, "decode-0"};
+  auto p2 = PrefillCall::FromJson(p.ToJson());
+  ASSERT_TRUE(p2.ok()) << p2.status().ToString();
+  EXPECT_EQ(p2->prompt_tokens, p.prompt_tokens);
+  EXPECT_EQ(p2->target.blocks, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(p2->sampling.seed, 7u);
+  EXPECT_FLOAT_EQ(p2->sampling.temperature, 0.5f);
+
+  DecodeEvent finish;
+  finish.kind = DecodeEvent::Kind::kFinish;
+  finish.finish.reason = serving::FinishReason::kStop;
+  finish.finish.completion_tokens = 9;
+  finish.finish.first_decode_seconds = 0.25;
+  auto f2 = DecodeEvent::FromJson(finish.ToJson());
+  ASSERT_TRUE(f2.ok());
+  EXPECT_EQ(f2->finish.reason, serving::FinishReason::kStop);
+  EXPECT_EQ(f2->finish.completion_tokens, 9);
+  EXPECT_DOUBLE_EQ(f2->finish.first_decode_seconds, 0.25);
+
+  DecodeEvent err;
+  err.kind = DecodeEvent::Kind::kError;
+  err.error = Status(StatusCode::kDeadlineExceeded, "late");
+  auto e2 = DecodeEvent::FromJson(err.ToJson());
+  ASSERT_TRUE(e2.ok());
+  EXPECT_EQ(e2->error.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(e2->error.message(), "late");
+
+  const Status back = StatusFromErrorJson(ErrorJson(Status(StatusCode::kResourceExhausted, "full")), "x");
+  EXPECT_EQ(back.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(back.message(), "full");
+}
+
+TEST(ProtocolTest, BadMessagesAreRefusedClearly) {
+  EXPECT_EQ(DecodeCall::FromJson("not json").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCall::FromJson("[1,2]").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCall::FromJson(R"({"id":"a"})").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCall::FromJson(R"({"id":"","prompt_tokens":[1],"max_tokens":2})").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCall::FromJson(R"({"id":"a","prompt_tokens":["x"],"max_tokens":2})").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DecodeCall::FromJson(R"({"id":"a","prompt_tokens":[1],"max_tokens":2,"timeout_ms":-5})").status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrefillCall::FromJson(R"({"id":"a","prompt_tokens":[1]})").status().code(),
+            StatusCode::kInvalidArgument);  // no target
+  EXPECT_EQ(WorkerInfo::FromJson(R"({"name":"w","role":"boss","host":"h","port":1})").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(WorkerInfo::FromJson(R"({"name":"w","role":"decode","host":"h","port":70000})").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeEvent::FromJson(R"({"event":"party"})").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(StatusFromErrorJson("garbage", "fallback").message(), "fallback");
+  EXPECT_FALSE(ParseRole("x").ok());
+  EXPECT_EQ(*ParseRole("prefill"), Role::kPrefill);
+}
+
+}  // namespace
+}  // namespace tandem::cluster

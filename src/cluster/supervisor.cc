@@ -1,0 +1,140 @@
+#include "cluster/supervisor.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace tandem::cluster {
+namespace {
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("killed by signal ") + strsignal(WTERMSIG(status));
+  return "stopped";
+}
+
+}  // namespace
+
+Supervisor::Supervisor(std::function<void(const std::string&, const std::string&)> on_restart,
+                       std::chrono::milliseconds restart_backoff)
+    : on_restart_(std::move(on_restart)), backoff_(restart_backoff) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Supervisor::~Supervisor() { StopAll(std::chrono::steady_clock::now() + std::chrono::seconds(5)); }
+
+StatusOr<pid_t> Supervisor::Spawn(const ChildSpec& spec) {
+  if (spec.argv.empty()) return InvalidArgument("child '" + spec.name + "' has no program");
+  std::vector<char*> args;
+  for (const auto& a : spec.argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return Internal(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    // Child: die with the supervisor; signals start unblocked (the parent blocks some).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execv(args[0], args.data());
+    std::fprintf(stderr, "cannot start %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+Status Supervisor::Start(const ChildSpec& spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return FailedPrecondition("the supervisor is stopping");
+  if (children_.count(spec.name)) return InvalidArgument("child '" + spec.name + "' exists");
+  TANDEM_ASSIGN_OR_RETURN(pid_t pid, Spawn(spec));
+  children_[spec.name] = Child{spec, pid, 0, {}};
+  return OkStatus();
+}
+
+pid_t Supervisor::PidOf(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = children_.find(name);
+  return it == children_.end() ? 0 : it->second.pid;
+}
+
+int Supervisor::restarts(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = children_.find(name);
+  return it == children_.end() ? 0 : it->second.restarts;
+}
+
+void Supervisor::Loop() {
+  auto log = GetLogger("supervisor");
+  while (true) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::vector<std::pair<std::string, std::string>> restarted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      const auto now = std::chrono::steady_clock::now();
+      for (auto& [name, c] : children_) {
+        if (c.pid > 0) {
+          int status = 0;
+          const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+          if (r != c.pid) continue;
+          log->warn("worker {} (pid {}) {}; restarting", name, c.pid, Describe(status));
+          c.pid = 0;
+          c.restart_at = now + backoff_;
+          restarted.emplace_back(name, Describe(status));
+        } else if (now >= c.restart_at) {
+          auto pid = Spawn(c.spec);
+          if (pid.ok()) {
+            c.pid = *pid;
+            c.restarts++;
+          } else {
+            log->error("cannot restart {}: {}", name, pid.status().ToString());
+            c.restart_at = now + backoff_ * 4;
+          }
+        }
+      }
+    }
+    for (const auto& [name, why] : restarted) {
+      if (on_restart_) on_restart_(name, why);
+    }
+  }
+}
+
+void Supervisor::StopAll(std::chrono::steady_clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, c] : children_) {
+    if (c.pid > 0) ::kill(c.pid, SIGTERM);
+  }
+  for (auto& [name, c] : children_) {
+    while (c.pid > 0) {
+      int status = 0;
+      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r == c.pid || r < 0) {
+        c.pid = 0;
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, &status, 0);
+        c.pid = 0;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+}  // namespace tandem::cluster

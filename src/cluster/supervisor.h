@@ -1,0 +1,58 @@
+// Keeps child processes (the workers of `tandem serve`) alive: starts each with fork/exec,
+// notices when one exits (waitpid), restarts it after a back-off, and stops them all on
+// shutdown. Children get PR_SET_PDEATHSIG(SIGKILL), so they never outlive the supervisor.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tandem::cluster {
+
+struct ChildSpec {
+  std::string name;               // unique among the children
+  std::vector<std::string> argv;  // argv[0] is the program path
+};
+
+class Supervisor {
+ public:
+  // on_restart(name, exit description) is called on the supervisor's thread at each restart.
+  explicit Supervisor(std::function<void(const std::string&, const std::string&)> on_restart,
+                      std::chrono::milliseconds restart_backoff = std::chrono::milliseconds(500));
+  ~Supervisor();  // StopAll with a short grace period
+
+  // Starts the child and keeps it running until StopAll.
+  Status Start(const ChildSpec& spec);
+  // The child's current pid (0 while it is being restarted).
+  pid_t PidOf(const std::string& name) const;
+  int restarts(const std::string& name) const;
+  // SIGTERM to every child, SIGKILL to those still alive at `deadline`; reaps them all.
+  void StopAll(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  struct Child {
+    ChildSpec spec;
+    pid_t pid = 0;
+    int restarts = 0;
+    std::chrono::steady_clock::time_point restart_at{};
+  };
+  static StatusOr<pid_t> Spawn(const ChildSpec& spec);
+  void Loop();
+
+  std::function<void(const std::string&, const std::string&)> on_restart_;
+  std::chrono::milliseconds backoff_;
+  mutable std::mutex mu_;
+  std::map<std::string, Child> children_;  // guarded by mu_
+  bool stopping_ = false;                  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace tandem::cluster

@@ -1,0 +1,549 @@
+#include "cluster/worker.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "cluster/kv_pusher.h"
+#include "common/logging.h"
+#include "engine/engine.h"
+#include "server/http_util.h"
+#include "serving/local_backend.h"
+
+namespace tandem::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int HttpStatusOf(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kFailedPrecondition: return 409;
+    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+void ReplyError(httplib::Response& res, const Status& st) {
+  res.status = HttpStatusOf(st);
+  res.set_content(ErrorJson(st), "application/json");
+}
+
+// The lines of one /v1/decode response, produced by the engine loop (tokens) or the hand-off
+// thread, consumed by the HTTP thread that writes the stream.
+class DecodeStream {
+ public:
+  void Push(const DecodeEvent& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lines_.push_back(e.ToJson() + "\n");
+      if (e.kind == DecodeEvent::Kind::kFinish || e.kind == DecodeEvent::Kind::kError) done_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Takes the lines available, waiting up to `wait`. Sets *done when the stream is complete.
+  std::vector<std::string> Take(std::chrono::milliseconds wait, bool* done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, wait, [&] { return !lines_.empty() || done_; });
+    std::vector<std::string> out(lines_.begin(), lines_.end());
+    lines_.clear();
+    *done = done_;
+    return out;
+  }
+  bool done() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void MarkClientGone() { client_gone_.store(true); }
+  bool client_gone() const { return client_gone_.load(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> lines_;
+  bool done_ = false;
+  std::atomic<bool> client_gone_{false};
+};
+
+// Relays a decode-side request's tokens into its stream.
+class StreamSink : public serving::GenerationSink {
+ public:
+  StreamSink(std::shared_ptr<DecodeStream> stream, Clock::time_point kv_landed)
+      : stream_(std::move(stream)), kv_landed_(kv_landed) {}
+  bool OnToken(int32_t token) override {
+    if (!first_seen_) {
+      first_seen_ = true;
+      first_decode_seconds_ = Seconds(Clock::now() - kv_landed_);
+    }
+    DecodeEvent e;
+    e.kind = DecodeEvent::Kind::kToken;
+    e.token = token;
+    stream_->Push(e);
+    return !stream_->client_gone();
+  }
+  void OnFinish(const serving::FinishInfo& info) override {
+    DecodeEvent e;
+    e.kind = DecodeEvent::Kind::kFinish;
+    e.finish = info;
+    e.finish.first_decode_seconds = first_seen_ ? first_decode_seconds_ : -1;
+    stream_->Push(e);
+  }
+
+ private:
+  std::shared_ptr<DecodeStream> stream_;
+  Clock::time_point kv_landed_;
+  bool first_seen_ = false;
+  double first_decode_seconds_ = -1;
+};
+
+// The prefill side's sink: at the first token, completes the KV push and notifies.
+class PrefillSink : public serving::GenerationSink {
+ public:
+  PrefillSink(std::shared_ptr<KvPusher> pusher, std::string id, std::string from)
+      : pusher_(std::move(pusher)), id_(std::move(id)), from_(std::move(from)) {}
+  bool OnToken(int32_t token) override {
+    first_token_ = token;
+    const std::string note =
+        json{{"kind", "kv_ready"}, {"id", id_}, {"first_token", token}, {"from", from_}}.dump();
+    push_status_ = pusher_->Finish(note);
+    return true;
+  }
+  void OnFinish(const serving::FinishInfo& info) override { done_.set_value(info); }
+
+  std::future<serving::FinishInfo> future() { return done_.get_future(); }
+  int32_t first_token() const { return first_token_; }
+  const Status& push_status() const { return push_status_; }
+
+ private:
+  std::shared_ptr<KvPusher> pusher_;
+  std::string id_, from_;
+  int32_t first_token_ = -1;
+  Status push_status_ = Internal("no token was produced");
+  std::promise<serving::FinishInfo> done_;
+};
+
+class WorkerImpl final : public Worker {
+ public:
+  WorkerImpl() : log_(GetLogger("worker")) {}
+
+  ~WorkerImpl() override {
+    handoff_stop_.store(true);
+    handoff_cv_.notify_all();
+    if (handoff_thread_.joinable()) handoff_thread_.join();
+    http_.stop();
+    backend_.reset();
+  }
+
+  Status Init(const WorkerOptions& o) {
+    options_ = o;
+    if (o.name.empty()) return InvalidArgument("a worker needs a name");
+    TANDEM_ASSIGN_OR_RETURN(metadata_, transfer::OpenMetadataStore(o.metadata_uri));
+    transfer::TransferEngineOptions to;
+    to.local_name = o.name + "." + std::to_string(::getpid());
+    to.metadata = metadata_;
+    to.tcp_listen_host = o.host;
+    to.protocols = o.protocols;
+    TANDEM_ASSIGN_OR_RETURN(te_, transfer::TransferEngine::Create(to));
+    te_->SetNotificationHandler([this](const transfer::Notification& n) { OnNotification(n); });
+
+    const int64_t incarnation = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch()).count();
+    segment_name_ = o.name + "." + std::to_string(incarnation) + "/kv";
+    engine::EngineOptions eo;
+    eo.model_path = o.model_path;
+    eo.threads = o.threads;
+    eo.block_tokens = o.block_tokens;
+    eo.kv_capacity_tokens = static_cast<int>(o.kv_tokens);
+    eo.kv_memory = [this](size_t bytes) -> StatusOr<uint8_t*> {
+      TANDEM_ASSIGN_OR_RETURN(void* p, te_->AllocateSegment(segment_name_, bytes));
+      return static_cast<uint8_t*>(p);
+    };
+    TANDEM_ASSIGN_OR_RETURN(engine_, engine::Engine::Load(eo));
+    serving::SchedulerOptions so;
+    so.max_num_seqs = o.max_num_seqs;
+    so.max_batch_tokens = o.max_batch_tokens;
+    so.max_waiting = o.max_waiting;
+    so.enable_prefix_cache = o.enable_prefix_cache;
+    backend_ = serving::MakeLocalBackend(engine_.get(), so);
+
+    auto& kv = engine_->kv();
+    info_.name = o.name;
+    info_.role = o.role;
+    info_.host = o.host;
+    info_.pid = ::getpid();
+    info_.kv_segment = segment_name_;
+    info_.block_tokens = kv.shape().block_tokens;
+    info_.n_layers = kv.shape().n_layers;
+    info_.layer_slice_bytes = kv.LayerSliceBytes();
+    info_.kv_blocks = kv.num_blocks();
+    info_.model = std::filesystem::path(o.model_path).filename().string();
+    info_.incarnation = incarnation;
+
+    Routes();
+    const int threads = o.http_threads;
+    http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http_.set_keep_alive_max_count(1000);
+    http_.set_read_timeout(600, 0);
+    http_.set_write_timeout(30, 0);
+    if (o.port == 0) {
+      port_ = http_.bind_to_any_port(o.host);
+      if (port_ < 0) return Unavailable("cannot bind a control port on " + o.host);
+    } else {
+      if (!http_.bind_to_port(o.host, o.port)) {
+        return Unavailable("cannot bind the control port " + o.host + ":" + std::to_string(o.port));
+      }
+      port_ = o.port;
+    }
+    server::WidenListenBacklog(port_);
+    info_.port = port_;
+    handoff_thread_ = std::thread([this] { HandoffLoop(); });
+    TANDEM_RETURN_IF_ERROR(metadata_->Put(std::string(kWorkersPrefix) + o.name, info_.ToJson()));
+    log_->info("worker {} ({}) on {}:{}; KV segment {} ({} blocks of {} tokens, {:.1f} MiB)",
+               o.name, RoleName(o.role), o.host, port_, segment_name_, kv.num_blocks(),
+               kv.shape().block_tokens, kv.SizeBytes() / 1048576.0);
+    return OkStatus();
+  }
+
+  int port() const override { return port_; }
+  const WorkerInfo& info() const override { return info_; }
+  bool Run() override { return http_.listen_after_bind(); }
+
+  void Stop(Clock::time_point deadline) override {
+    (void)metadata_->Delete(std::string(kWorkersPrefix) + options_.name);
+    backend_->Drain(deadline);
+    http_.stop();
+  }
+
+ private:
+  static Status Unavailable(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
+
+  void Routes() {
+    http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"name", info_.name}, {"role", RoleName(info_.role)}}.dump(),
+                      "application/json");
+    });
+    http_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+      WorkerStats s;
+      s.backend = backend_->Stats();
+      s.kv_bytes_pushed = kv_bytes_pushed_.load();
+      s.transfer_failures = transfer_failures_.load();
+      s.transfer_timeouts = transfer_timeouts_.load();
+      s.kv_wait_timeouts = kv_wait_timeouts_.load();
+      res.set_content(s.ToJson(), "application/json");
+    });
+    http_.Post("/v1/prefill", [this](const httplib::Request& req, httplib::Response& res) {
+      HandlePrefill(req, res);
+    });
+    http_.Post("/v1/decode", [this](const httplib::Request& req, httplib::Response& res) {
+      HandleDecode(req, res);
+    });
+    http_.Post("/v1/cancel", [this](const httplib::Request& req, httplib::Response& res) {
+      std::string id;
+      try {
+        id = json::parse(req.body).at("id").get<std::string>();
+      } catch (const std::exception& e) {
+        return ReplyError(res, InvalidArgument(std::string("cancel: ") + e.what()));
+      }
+      CancelPending(id, Status(StatusCode::kCancelled, "cancelled by the conductor"));
+      res.set_content("{}", "application/json");
+    });
+  }
+
+  // ---- prefill side ----
+
+  StatusOr<transfer::SegmentHandle> OpenSegment(const std::string& name) {
+    std::lock_guard<std::mutex> lock(segments_mu_);
+    auto it = segments_.find(name);
+    if (it != segments_.end()) return it->second;
+    TANDEM_ASSIGN_OR_RETURN(transfer::SegmentHandle h, te_->OpenSegment(name));
+    segments_[name] = h;
+    return h;
+  }
+
+  // A segment whose transfer failed is closed: its owner may be gone (a restarted worker
+  // publishes a new segment name).
+  void DropSegment(const std::string& name) {
+    std::lock_guard<std::mutex> lock(segments_mu_);
+    auto it = segments_.find(name);
+    if (it == segments_.end()) return;
+    (void)te_->CloseSegment(it->second);
+    segments_.erase(it);
+  }
+
+  void HandlePrefill(const httplib::Request& req, httplib::Response& res) {
+    if (!CanPrefill(options_.role)) {
+      return ReplyError(res, FailedPrecondition("worker " + options_.name + " does not prefill"));
+    }
+    auto call = PrefillCall::FromJson(req.body);
+    if (!call.ok()) return ReplyError(res, call.status());
+    const int n_prompt = static_cast<int>(call->prompt_tokens.size());
+    if (Status st = KvPusher::CheckTarget(engine_->kv(), call->target, n_prompt); !st.ok()) {
+      return ReplyError(res, st);
+    }
+    auto handle = OpenSegment(call->target.segment);
+    if (!handle.ok()) {
+      return ReplyError(res, Unavailable("cannot open the decode worker's KV segment: " +
+                                         handle.status().message()));
+    }
+    const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(call->timeout_ms);
+    auto pusher = std::make_shared<KvPusher>(te_.get(), &engine_->kv(), *handle, call->target,
+                                             n_prompt, deadline);
+    auto sink = std::make_shared<PrefillSink>(pusher, call->id, options_.name);
+    auto finished = sink->future();
+    serving::GenerationRequest g;
+    g.id = call->id;
+    g.prompt_tokens = std::move(call->prompt_tokens);
+    g.max_tokens = 1;
+    g.ignore_eos = true;
+    g.sampling = call->sampling;
+    g.deadline = deadline;
+    if (Status st = backend_->SubmitObserved(std::move(g), sink, pusher); !st.ok()) {
+      return ReplyError(res, st);
+    }
+    // The backend finishes every request by its deadline; the slack covers the last step.
+    if (finished.wait_until(deadline + std::chrono::seconds(10)) != std::future_status::ready) {
+      return ReplyError(res, Status(StatusCode::kDeadlineExceeded, "prefill did not finish in time"));
+    }
+    const serving::FinishInfo info = finished.get();
+    kv_bytes_pushed_.fetch_add(pusher->bytes_sent());
+    if (info.completion_tokens < 1) {
+      return ReplyError(res, info.reason == serving::FinishReason::kTimeout
+                                 ? Status(StatusCode::kDeadlineExceeded, "prefill: " + info.message)
+                                 : Internal("prefill failed: " + info.message));
+    }
+    if (!sink->push_status().ok()) {
+      if (pusher->failure_state() == transfer::TransferState::kTimedOut) {
+        transfer_timeouts_.fetch_add(1);
+      } else {
+        transfer_failures_.fetch_add(1);
+      }
+      DropSegment(call->target.segment);
+      log_->warn("{}: {}", call->id, sink->push_status().ToString());
+      return ReplyError(res, Unavailable(sink->push_status().message()));
+    }
+    PrefillResult r;
+    r.first_token = sink->first_token();
+    r.cached_tokens = info.cached_prompt_tokens;
+    r.queue_seconds = info.queue_seconds;
+    r.transfer_seconds = pusher->tail_seconds();
+    r.prefill_seconds = std::max(0.0, info.ttft_seconds - info.queue_seconds - r.transfer_seconds);
+    r.kv_bytes = pusher->bytes_sent();
+    res.set_content(r.ToJson(), "application/json");
+  }
+
+  // ---- decode side ----
+
+  struct Pending {
+    serving::GenerationRequest request;
+    std::shared_ptr<DecodeStream> stream;
+    Clock::time_point kv_deadline;
+  };
+
+  void HandleDecode(const httplib::Request& req, httplib::Response& res) {
+    if (!CanDecode(options_.role)) {
+      return ReplyError(res, FailedPrecondition("worker " + options_.name + " does not decode"));
+    }
+    auto call = DecodeCall::FromJson(req.body);
+    if (!call.ok()) return ReplyError(res, call.status());
+    const Clock::time_point now = Clock::now();
+    serving::GenerationRequest g;
+    g.id = call->id;
+    g.prompt_tokens = call->prompt_tokens;
+    g.max_tokens = call->max_tokens;
+    g.ignore_eos = call->ignore_eos;
+    g.sampling = call->sampling;
+    g.arrival = now;
+    g.deadline = now + std::chrono::milliseconds(call->timeout_ms);
+    auto stream = std::make_shared<DecodeStream>();
+    if (call->local) {
+      if (Status st = backend_->Submit(std::move(g), std::make_shared<StreamSink>(stream, now));
+          !st.ok()) {
+        return ReplyError(res, st);
+      }
+    } else {
+      const Clock::time_point kv_deadline =
+          std::min(g.deadline, now + std::chrono::milliseconds(call->kv_wait_ms));
+      const int n_prompt = static_cast<int>(g.prompt_tokens.size());
+      auto blocks = backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline);
+      if (!blocks.ok()) return ReplyError(res, blocks.status());
+      DecodeEvent reserved;
+      reserved.kind = DecodeEvent::Kind::kReserved;
+      reserved.reserved.segment = segment_name_;
+      reserved.reserved.blocks = *blocks;
+      reserved.reserved.block_tokens = info_.block_tokens;
+      reserved.reserved.n_layers = info_.n_layers;
+      reserved.reserved.layer_slice_bytes = info_.layer_slice_bytes;
+      reserved.reserved.decode_worker = options_.name;
+      stream->Push(reserved);
+      const std::string key = g.id;  // (the right side of `=` is evaluated first)
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      pending_[key] = Pending{std::move(g), stream, kv_deadline};
+    }
+    const std::string id = call->id;
+    res.set_chunked_content_provider(
+        "application/x-ndjson",
+        [this, stream, id](size_t, httplib::DataSink& out) {
+          bool done = false;
+          for (const std::string& line : stream->Take(std::chrono::milliseconds(100), &done)) {
+            if (!out.write(line.data(), line.size())) {
+              OnClientGone(id, *stream);
+              return false;
+            }
+          }
+          if (done) {
+            out.done();
+            return true;
+          }
+          if (out.is_writable && !out.is_writable()) {
+            OnClientGone(id, *stream);
+            return false;
+          }
+          ExpireKvWait(id);
+          return true;
+        },
+        [this, stream, id](bool success) {
+          if (!success || !stream->done()) OnClientGone(id, *stream);
+        });
+  }
+
+  void OnClientGone(const std::string& id, DecodeStream& stream) {
+    stream.MarkClientGone();  // the sink cancels the running sequence at its next token
+    CancelPending(id, Status(StatusCode::kCancelled, "the conductor went away"));
+  }
+
+  // Frees the reservation of a request still waiting for its KV.
+  void CancelPending(const std::string& id, const Status& why) {
+    std::shared_ptr<DecodeStream> stream;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      stream = it->second.stream;
+      pending_.erase(it);
+    }
+    backend_->CancelReservation(id);
+    DecodeEvent e;
+    e.kind = DecodeEvent::Kind::kError;
+    e.error = why;
+    stream->Push(e);
+  }
+
+  void ExpireKvWait(const std::string& id) {
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end() || Clock::now() < it->second.kv_deadline) return;
+    }
+    kv_wait_timeouts_.fetch_add(1);
+    log_->warn("{}: its KV did not arrive in time; reservation freed", id);
+    CancelPending(id, Status(StatusCode::kDeadlineExceeded, "the KV cache did not arrive in time"));
+  }
+
+  // Transfer-engine thread: queue the hand-off, never block here.
+  void OnNotification(const transfer::Notification& n) {
+    {
+      std::lock_guard<std::mutex> lock(handoff_mu_);
+      handoffs_.push_back(n.message);
+    }
+    handoff_cv_.notify_all();
+  }
+
+  void HandoffLoop() {
+    while (true) {
+      std::string message;
+      {
+        std::unique_lock<std::mutex> lock(handoff_mu_);
+        handoff_cv_.wait(lock, [&] { return handoff_stop_.load() || !handoffs_.empty(); });
+        if (handoff_stop_.load()) return;
+        message = std::move(handoffs_.front());
+        handoffs_.pop_front();
+      }
+      Handoff(message);
+    }
+  }
+
+  // "kv_ready": the request's KV is in its reserved blocks; start decoding it.
+  void Handoff(const std::string& message) {
+    std::string id;
+    int32_t first_token = -1;
+    try {
+      const json j = json::parse(message);
+      if (j.at("kind").get<std::string>() != "kv_ready") return;
+      id = j.at("id").get<std::string>();
+      first_token = j.at("first_token").get<int32_t>();
+    } catch (const std::exception& e) {
+      log_->warn("ignoring a malformed notification: {}", e.what());
+      return;
+    }
+    Pending p;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;  // cancelled or expired meanwhile
+      p = std::move(it->second);
+      pending_.erase(it);
+    }
+    auto sink = std::make_shared<StreamSink>(p.stream, Clock::now());
+    if (Status st = backend_->SubmitPrefilled(std::move(p.request), first_token, sink); !st.ok()) {
+      DecodeEvent e;
+      e.kind = DecodeEvent::Kind::kError;
+      e.error = st;
+      p.stream->Push(e);
+    }
+  }
+
+  WorkerOptions options_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::shared_ptr<transfer::MetadataStore> metadata_;
+  std::unique_ptr<transfer::TransferEngine> te_;
+  std::string segment_name_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<serving::LocalBackend> backend_;
+  WorkerInfo info_;
+  httplib::Server http_;
+  int port_ = 0;
+
+  std::mutex segments_mu_;
+  std::map<std::string, transfer::SegmentHandle> segments_;  // opened decode segments
+
+  std::mutex pending_mu_;
+  std::map<std::string, Pending> pending_;  // decode side: reserved, waiting for KV
+
+  std::mutex handoff_mu_;
+  std::condition_variable handoff_cv_;
+  std::deque<std::string> handoffs_;
+  std::atomic<bool> handoff_stop_{false};
+  std::thread handoff_thread_;
+
+  std::atomic<uint64_t> kv_bytes_pushed_{0};
+  std::atomic<uint64_t> transfer_failures_{0};
+  std::atomic<uint64_t> transfer_timeouts_{0};
+  std::atomic<uint64_t> kv_wait_timeouts_{0};
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
+  auto w = std::make_unique<WorkerImpl>();
+  TANDEM_RETURN_IF_ERROR(w->Init(options));
+  return std::unique_ptr<Worker>(std::move(w));
+}
+
+}  // namespace tandem::cluster

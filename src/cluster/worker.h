@@ -1,0 +1,50 @@
+// A worker: one engine instance (its own paged KV pool inside a transfer-engine segment), its
+// continuous-batching loop, and a control endpoint speaking the protocol of protocol.h. Role
+// prefill computes prompts and pushes their KV to decode workers layer by layer; role decode
+// reserves blocks, receives KV and generates; role mixed does both (and whole requests).
+//
+//   auto w = Worker::Start(options);   // loads the model, binds, publishes itself
+//   (*w)->Run();                       // serves until Stop()
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "common/status.h"
+#include "transfer/transfer_engine.h"
+
+namespace tandem::cluster {
+
+struct WorkerOptions {
+  std::string name;                  // unique in the cluster
+  Role role = Role::kMixed;
+  std::string model_path;
+  int threads = 1;
+  int block_tokens = 16;
+  int64_t kv_tokens = 16384;
+  int max_num_seqs = 32;
+  int max_batch_tokens = 256;
+  int max_waiting = 256;
+  bool enable_prefix_cache = true;
+  std::string host = "127.0.0.1";    // control endpoint (and advertised address)
+  int port = 0;                      // 0: any free port
+  std::string metadata_uri;          // "http://...", "etcd://..."
+  std::vector<transfer::Protocol> protocols = {transfer::Protocol::kShm, transfer::Protocol::kTcp};
+  int http_threads = 256;
+};
+
+class Worker {
+ public:
+  static StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& options);
+  virtual ~Worker() = default;
+  virtual int port() const = 0;
+  virtual const WorkerInfo& info() const = 0;
+  // Serves until Stop(); false if the server could not run.
+  virtual bool Run() = 0;
+  // Unpublishes the worker, stops accepting, lets requests in flight finish until `deadline`.
+  virtual void Stop(std::chrono::steady_clock::time_point deadline) = 0;
+};
+
+}  // namespace tandem::cluster

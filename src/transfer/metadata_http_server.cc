@@ -1,0 +1,297 @@
+// MetadataHttpServer: the key-value endpoint behind "http://host:port" stores.
+//
+// Protocol. Every call is a POST with a JSON body and answers JSON. Keys and values are base64
+// (any bytes). Lease ids are positive JSON integers. Errors answer {"error": "<why>"} with 400
+// (malformed request) or 404 (unknown lease or key).
+//   /v1/lease/grant      {"ttl_ms": N}                        -> {"lease": ID, "ttl_ms": N}
+//   /v1/lease/keepalive  {"lease": ID}                        -> {"ttl_ms": N}      | 404
+//   /v1/lease/revoke     {"lease": ID}                        -> {"deleted": count} | 404
+//   /v1/kv/put           {"key": K, "value": V, "lease": ID}  -> {}                 | 404
+//   /v1/kv/get           {"key": K}                           -> {"value": V}       | 404
+//   /v1/kv/delete        {"key": K}                           -> {"deleted": 0 or 1}
+//   /v1/kv/list          {"prefix": P}                        -> {"kvs": [{"key", "value"}...]}
+//   /v1/health           (GET)                                -> {"ok": true}
+// List answers the pairs whose key starts with P, sorted by key.
+// Lease semantics. A lease lives ttl_ms (1 .. one day) after its grant or last keep-alive.
+// A key belongs to the lease of its last put; when that lease expires or is revoked, the key
+// goes. Expiry is checked on every request, so an expired key is never served.
+#include <httplib.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "common/logging.h"
+#include "transfer/metadata_http_protocol.h"
+#include "transfer/metadata_internal.h"
+
+namespace tandem::transfer {
+namespace {
+
+namespace proto = internal::http_protocol;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// A reply to send: HTTP status and JSON body.
+struct Reply {
+  int status = 200;
+  json body = json::object();
+};
+
+Reply Error(int status, const std::string& why) { return Reply{status, json{{"error", why}}}; }
+
+// The store itself; all methods take the lock, expire what is due, then act.
+class KvState {
+ public:
+  KvState() : rng_(std::random_device{}()) {}
+
+  Reply Grant(const json& req) {
+    if (!req.contains("ttl_ms") || !req["ttl_ms"].is_number_integer()) {
+      return Error(400, "ttl_ms (integer) required");
+    }
+    const long long ttl_ms = req["ttl_ms"].get<long long>();
+    if (ttl_ms < 1 || ttl_ms > proto::kMaxTtlMs) {
+      return Error(400, "ttl_ms must be in 1.." + std::to_string(proto::kMaxTtlMs));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    // Random ids: a client of a restarted server cannot renew a lease that is not its own.
+    int64_t id = 0;
+    do {
+      id = static_cast<int64_t>(rng_() >> 11) + 1;  // 1 .. 2^53
+    } while (leases_.count(id) != 0);
+    Lease& lease = leases_[id];
+    lease.ttl = std::chrono::milliseconds(ttl_ms);
+    lease.deadline = Clock::now() + lease.ttl;
+    return Reply{200, json{{"lease", id}, {"ttl_ms", ttl_ms}}};
+  }
+
+  Reply KeepAlive(const json& req) {
+    int64_t id = 0;
+    if (!LeaseId(req, &id)) return Error(400, "lease (positive integer) required");
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    auto it = leases_.find(id);
+    if (it == leases_.end()) return Error(404, "lease " + std::to_string(id) + " not found");
+    it->second.deadline = Clock::now() + it->second.ttl;
+    return Reply{200, json{{"ttl_ms", it->second.ttl.count()}}};
+  }
+
+  Reply Revoke(const json& req) {
+    int64_t id = 0;
+    if (!LeaseId(req, &id)) return Error(400, "lease (positive integer) required");
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    auto it = leases_.find(id);
+    if (it == leases_.end()) return Error(404, "lease " + std::to_string(id) + " not found");
+    const size_t deleted = DropLeaseLocked(it);
+    return Reply{200, json{{"deleted", deleted}}};
+  }
+
+  Reply Put(const json& req) {
+    std::string key, value;
+    int64_t id = 0;
+    if (Reply bad; !Bytes(req, "key", &key, &bad) || !Bytes(req, "value", &value, &bad)) return bad;
+    if (key.empty()) return Error(400, "key must not be empty");
+    if (!LeaseId(req, &id)) return Error(400, "lease (positive integer) required");
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    auto lease = leases_.find(id);
+    if (lease == leases_.end()) return Error(404, "lease " + std::to_string(id) + " not found");
+    auto old = kv_.find(key);
+    if (old != kv_.end()) UnlinkLocked(key, old->second.lease);
+    kv_[key] = Entry{value, id};
+    lease->second.keys.insert(key);
+    return Reply{};
+  }
+
+  Reply Get(const json& req) {
+    std::string key;
+    if (Reply bad; !Bytes(req, "key", &key, &bad)) return bad;
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    auto it = kv_.find(key);
+    if (it == kv_.end()) return Error(404, "key not found");
+    return Reply{200, json{{"value", internal::Base64Encode(it->second.value)}}};
+  }
+
+  Reply Delete(const json& req) {
+    std::string key;
+    if (Reply bad; !Bytes(req, "key", &key, &bad)) return bad;
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    auto it = kv_.find(key);
+    if (it == kv_.end()) return Reply{200, json{{"deleted", 0}}};
+    UnlinkLocked(key, it->second.lease);
+    kv_.erase(it);
+    return Reply{200, json{{"deleted", 1}}};
+  }
+
+  Reply List(const json& req) {
+    std::string prefix;
+    if (Reply bad; !Bytes(req, "prefix", &prefix, &bad)) return bad;
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked();
+    json kvs = json::array();
+    for (auto it = kv_.lower_bound(prefix);
+         it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      kvs.push_back(json{{"key", internal::Base64Encode(it->first)},
+                         {"value", internal::Base64Encode(it->second.value)}});
+    }
+    return Reply{200, json{{"kvs", std::move(kvs)}}};
+  }
+
+ private:
+  struct Lease {
+    std::chrono::milliseconds ttl{0};
+    Clock::time_point deadline;  // expires when now passes it
+    std::set<std::string> keys;  // keys whose last put named this lease
+  };
+  struct Entry {
+    std::string value;
+    int64_t lease = 0;
+  };
+
+  static bool LeaseId(const json& req, int64_t* id) {
+    if (!req.contains("lease") || !req["lease"].is_number_integer()) return false;
+    *id = req["lease"].get<int64_t>();
+    return *id > 0;
+  }
+
+  // Reads a base64 field; on failure fills *bad with a 400 reply.
+  static bool Bytes(const json& req, const char* field, std::string* out, Reply* bad) {
+    if (!req.contains(field) || !req[field].is_string()) {
+      *bad = Error(400, std::string(field) + " (base64 string) required");
+      return false;
+    }
+    StatusOr<std::string> decoded = internal::Base64Decode(req[field].get<std::string>());
+    if (!decoded.ok()) {
+      *bad = Error(400, std::string(field) + ": " + decoded.status().message());
+      return false;
+    }
+    *out = std::move(decoded).value();
+    return true;
+  }
+
+  // Forgets that `key` belongs to lease `id` (the key itself stays).
+  void UnlinkLocked(const std::string& key, int64_t id) {
+    auto it = leases_.find(id);
+    if (it != leases_.end()) it->second.keys.erase(key);
+  }
+
+  // Removes the lease and its keys; returns how many keys went.
+  size_t DropLeaseLocked(std::unordered_map<int64_t, Lease>::iterator it) {
+    for (const std::string& key : it->second.keys) kv_.erase(key);
+    const size_t n = it->second.keys.size();
+    leases_.erase(it);
+    return n;
+  }
+
+  void ExpireLocked() {
+    const Clock::time_point now = Clock::now();
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.deadline < now) {
+        auto next = std::next(it);
+        DropLeaseLocked(it);
+        it = next;
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::mt19937_64 rng_;
+  std::map<std::string, Entry> kv_;  // sorted: List walks one contiguous range
+  std::unordered_map<int64_t, Lease> leases_;
+};
+
+class HttpServerImpl final : public MetadataHttpServer {
+ public:
+  HttpServerImpl() {
+    // Clients do not keep connections, but a burst of them should not queue behind a few
+    // workers.
+    server_.new_task_queue = [] { return new httplib::ThreadPool(16); };
+    // httplib's default also sets SO_REUSEPORT, which would let a second server bind the same
+    // port and silently take half the requests: keep only SO_REUSEADDR.
+    server_.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
+    Route(proto::kLeaseGrant, &KvState::Grant);
+    Route(proto::kLeaseKeepAlive, &KvState::KeepAlive);
+    Route(proto::kLeaseRevoke, &KvState::Revoke);
+    Route(proto::kPut, &KvState::Put);
+    Route(proto::kGet, &KvState::Get);
+    Route(proto::kDelete, &KvState::Delete);
+    Route(proto::kList, &KvState::List);
+    server_.Get(proto::kHealth, [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"ok", true}}.dump(), "application/json");
+    });
+  }
+
+  ~HttpServerImpl() override {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status Listen(const std::string& host, int port) {
+    if (port == 0) {
+      port_ = server_.bind_to_any_port(host);
+    } else {
+      port_ = server_.bind_to_port(host, port) ? port : -1;
+    }
+    if (port_ <= 0) {
+      return internal::Unavailable("metadata server cannot listen on " + host + ":" +
+                                   std::to_string(port));
+    }
+    // The socket already listens; connections queue until the thread accepts them.
+    thread_ = std::thread([this] {
+      server_.listen_after_bind();
+      loop_ended_ = true;
+    });
+    // httplib's stop() does nothing until the loop runs: wait for it so that the destructor
+    // always stops it.
+    while (!server_.is_running() && !loop_ended_)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    GetLogger("metadata")->info("metadata server listening on {}:{}", host, port_);
+    return OkStatus();
+  }
+
+  int port() const override { return port_; }
+
+ private:
+  void Route(const char* path, Reply (KvState::*handler)(const json&)) {
+    server_.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res) {
+      const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+      const Reply reply = body.is_object() ? (state_.*handler)(body)
+                                           : Error(400, "request body must be a JSON object");
+      res.status = reply.status;
+      res.set_content(reply.body.dump(), "application/json");
+    });
+  }
+
+  KvState state_;
+  httplib::Server server_;
+  int port_ = -1;
+  std::atomic<bool> loop_ended_{false};  // listen_after_bind() has returned
+  std::thread thread_;                   // runs server_.listen_after_bind()
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MetadataHttpServer>> MetadataHttpServer::Start(const std::string& host,
+                                                                        int port) {
+  if (port < 0 || port > 65535) {
+    return InvalidArgument("metadata server port " + std::to_string(port) + " not in 0..65535");
+  }
+  auto server = std::make_unique<HttpServerImpl>();
+  TANDEM_RETURN_IF_ERROR(server->Listen(host, port));
+  return std::unique_ptr<MetadataHttpServer>(std::move(server));
+}
+
+}  // namespace tandem::transfer

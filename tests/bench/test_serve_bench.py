@@ -1,0 +1,337 @@
+"""`tandem bench serve` end to end: against a fake OpenAI server with injected delays (every
+metric checked against the known schedule), with injected failures, for synthetic arrivals and
+a rate sweep, and against a real `tandem serve`.
+
+Environment: TANDEM_BIN (default build/tandem), TANDEM_SOURCE_DIR (default two levels up).
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.environ.get("TANDEM_SOURCE_DIR", os.path.abspath(os.path.join(HERE, "..", "..")))
+BIN = os.environ.get("TANDEM_BIN", os.path.join(SOURCE_DIR, "build", "tandem"))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(SOURCE_DIR, "bench", "serving"))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "server"))
+
+from fake_openai import FakeConfig, FakeServer  # noqa: E402
+from servebench import metrics, prompts  # noqa: E402
+
+# Tolerance for one timing measured across two processes on a shared 2-core machine.
+TOL_MS = 30.0
+
+
+def bench(*args, timeout=240, env=None):
+    """Runs `tandem bench serve ARGS`; returns the CompletedProcess."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([BIN, "bench", "serve", *args, "--no-progress"], capture_output=True,
+                          text=True, timeout=timeout, env=e)
+
+
+def write_trace(path, rows):
+    with open(path, "w") as f:
+        for ts, n_in, n_out, ids in rows:
+            f.write(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
+                                "hash_ids": ids}) + "\n")
+
+
+def load(out, name="results.json"):
+    with open(os.path.join(out, name)) as f:
+        return json.load(f)
+
+
+def is_png(path):
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+class PureFunctions(unittest.TestCase):
+    def test_percentile_matches_linear_interpolation(self):
+        v = [10.0, 20.0, 30.0, 40.0]
+        self.assertEqual(metrics.percentile(v, 50), 25.0)
+        self.assertAlmostEqual(metrics.percentile(v, 90), 37.0)
+        self.assertEqual(metrics.percentile(v, 100), 40.0)
+        self.assertIsNone(metrics.percentile([], 50))
+
+    def test_tbt_is_mean_of_slowest_tenth(self):
+        gaps = [10.0] * 18 + [100.0, 300.0]
+        self.assertEqual(metrics.tbt_of(gaps), 200.0)           # 2 of 20 gaps
+        self.assertEqual(metrics.tbt_of([5.0, 7.0, 9.0]), 9.0)  # at least one gap
+        self.assertIsNone(metrics.tbt_of([]))
+
+    def test_blocks_are_deterministic_and_prefix_stable(self):
+        a = prompts.block_text("block-7", 50)
+        self.assertEqual(a, prompts.block_text("block-7", 50))
+        self.assertTrue(prompts.block_text("block-7", 80).startswith(a))
+        self.assertNotEqual(a, prompts.block_text("block-8", 50))
+        self.assertEqual(len(a.split()), 50)
+        p = prompts.trace_prompt([1, 2, 3], 70, 30)
+        self.assertEqual(len(p.split()), 70)
+        self.assertTrue(p.startswith(prompts.block_text("block-1", 30) + prompts.block_text("block-2", 30)))
+
+
+    def test_retime_keeps_gaps_or_spreads_simultaneous_requests(self):
+        from servebench import workload
+        reqs = [workload.Request(i, t, "", 1, 1) for i, t in enumerate([0.0, 1.0, 3.0])]
+        # Two gaps at 2 req/s span 1 s; the gaps keep their 1:2 proportion.
+        self.assertEqual([round(r.arrival_s, 9) for r in workload.retime(reqs, 2.0)],
+                         [0.0, round(1 / 3, 9), 1.0])
+        same = [workload.Request(i, 5.0, "", 1, 1) for i in range(3)]
+        self.assertEqual([r.arrival_s for r in workload.retime(same, 4.0)], [0.0, 0.25, 0.5])
+
+
+class AgainstFakeServer(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="bench-test-")
+        self.dir = self.tmp.name
+        self.server = None
+
+    def tearDown(self):
+        if self.server:
+            self.server.close()
+        self.tmp.cleanup()
+
+    def start(self, **kw):
+        self.server = FakeServer(FakeConfig(**kw))
+        return self.server
+
+    def assertNear(self, got, want, tol=TOL_MS, what=""):
+        self.assertIsNotNone(got, what)
+        self.assertLessEqual(abs(got - want), tol, f"{what}: measured {got:.2f}, expected {want:.2f}")
+
+    def test_trace_replay_metrics_match_injected_delays(self):
+        # 19 gaps per request: 17 of 40 ms and 2 of 200 ms (the slowest 10%, so TBT = 200).
+        gaps_cycle = [40.0] * 8 + [200.0]
+        srv = self.start(ttft_ms=300.0, gaps_ms=gaps_cycle)
+        trace = os.path.join(self.dir, "trace.jsonl")
+        write_trace(trace, [(1000, 1024, 200, [1, 2]), (1400, 1024, 200, [1, 2]),
+                            (1800, 700, 200, [1, 3]), (2200, 2000, 200, [4, 5, 6, 7]),
+                            (9000, 100, 100, [9])])  # beyond --max-requests
+        out = os.path.join(self.dir, "run")
+        p = bench("--base-url", srv.base, "--trace", trace, "--length-scale", "0.1",
+                  "--time-scale", "0.5", "--max-requests", "4", "--slo-ttft-ms", "400",
+                  "--slo-tbt-ms", "260", "--out", out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = load(out, "summary.json")
+        n_out = 20
+        gaps = [gaps_cycle[i % len(gaps_cycle)] for i in range(n_out - 1)]
+        self.assertEqual(metrics.tbt_of(gaps), 200.0)
+        # TPOT = (E2E - TTFT) / 19 is 56.8 ms; E2E / 20 would be 69 ms and is told apart by the
+        # tighter tolerance (a late chunk moves only the gap sum's ends, divided by 19).
+        want = {"ttft_ms": (300.0, TOL_MS), "e2e_ms": (300.0 + sum(gaps), TOL_MS),
+                "tpot_ms": (sum(gaps) / (n_out - 1), 5.0), "tbt_ms": (200.0, TOL_MS)}
+        self.assertEqual((s["completed"], s["failed"], s["short_outputs"]), (4, 0, 0))
+        for key, (value, tol) in want.items():
+            for stat in ("mean", "p50", "p90", "p99"):
+                self.assertNear(s[key][stat], value, tol, what=f"{key} {stat}")
+        self.assertNear(s["itl_ms"]["mean"], sum(gaps) / len(gaps), 5.0, what="itl mean")
+        self.assertNear(s["itl_ms"]["p50"], 40.0, 10.0, what="itl p50")
+        self.assertNear(s["itl_ms"]["max"], 200.0, what="itl max")
+        self.assertEqual(s["itl_ms"]["count"], 4 * (n_out - 1))
+        # Arrivals: trace gaps of 400 ms at time scale 0.5, so 200 ms apart at the server.
+        arrivals = sorted(e["t"] for e in srv.log)
+        for a, b in zip(arrivals, arrivals[1:]):
+            self.assertNear((b - a) * 1000.0, 200.0, tol=50.0, what="arrival gap")
+        self.assertNear(s["duration_s"] * 1000.0, 600.0 + want["e2e_ms"][0], tol=60.0, what="duration")
+        self.assertEqual(s["slo_attainment"], 1.0)
+        self.assertAlmostEqual(s["goodput_rps"], 4 / s["duration_s"], places=6)
+        self.assertAlmostEqual(s["output_throughput_tps"], 4 * n_out / s["duration_s"], places=6)
+        # Request bodies: exactly 20 tokens asked for, EOS ignored, streamed, prompts from ids.
+        bodies = [e["body"] for e in sorted(srv.log, key=lambda e: e["t"])]
+        for b in bodies:
+            self.assertEqual((b["max_tokens"], b["ignore_eos"], b["stream"], b["model"]),
+                             (20, True, True, "fake-model"))
+        words = [b["prompt"].split() for b in bodies]
+        self.assertEqual([len(w) for w in words], [102, 102, 70, 200])
+        self.assertEqual(bodies[0]["prompt"], bodies[1]["prompt"])       # same ids
+        self.assertEqual(words[2][:51], words[0][:51])                    # shared first block
+        self.assertNotEqual(words[2][51:70], words[0][51:70])
+        self.assertNotEqual(words[3][:51], words[0][:51])
+        res = load(out)
+        self.assertEqual([r["prompt_tokens"] for r in res["requests"]], [102, 102, 70, 200])
+        self.assertTrue(all(r["output_tokens_source"] == "usage" for r in res["requests"]))
+        for name in ("latency_cdf.png", "timeline.png"):
+            self.assertTrue(is_png(os.path.join(out, name)), name)
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertIn("| ttft_ms |", f.read())
+        # A tighter TTFT SLO is missed by every request: attainment and goodput drop to 0.
+        out2 = os.path.join(self.dir, "tight")
+        p = bench("--base-url", srv.base, "--trace", trace, "--length-scale", "0.1", "--time-scale",
+                  "0", "--max-requests", "2", "--slo-ttft-ms", "200", "--out", out2, "--no-plots")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s2 = load(out2, "summary.json")
+        self.assertEqual((s2["completed"], s2["slo_attainment"], s2["goodput_rps"]), (2, 0.0, 0.0))
+        # Two runs overlaid.
+        cmp_dir = os.path.join(self.dir, "cmp")
+        p = bench("--compare", out, out2, "--label", "first,second", "--out", cmp_dir)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(cmp_dir, "compare.md")) as f:
+            text = f.read()
+        self.assertIn("| first | 4 | 0 |", text)
+        self.assertIn("| second | 2 | 0 |", text)
+        self.assertTrue(is_png(os.path.join(cmp_dir, "latency_cdf.png")))
+
+    def test_failures_rejections_timeouts_and_short_outputs_are_counted(self):
+        srv = self.start(ttft_ms=20.0, gaps_ms=[10.0], reject_tokens=5, short_tokens=6, hang_tokens=7)
+        trace = os.path.join(self.dir, "trace.jsonl")
+        write_trace(trace, [(0, 40, 4, [1]), (0, 40, 5, [2]), (0, 40, 6, [3]), (0, 40, 7, [4]),
+                            (0, 40, 4, [5])])
+        out = os.path.join(self.dir, "run")
+        p = bench("--base-url", srv.base, "--trace", trace, "--request-timeout-s", "1.5",
+                  "--slo-ttft-ms", "1000", "--slo-tbt-ms", "1000", "--out", out, "--no-plots")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = load(out, "summary.json")
+        self.assertEqual((s["requests"], s["completed"], s["failed"], s["rejected"], s["timed_out"]),
+                         (5, 3, 2, 1, 1))
+        self.assertEqual(s["short_output_requests"], [{"index": 2, "requested": 6, "returned": 2}])
+        self.assertAlmostEqual(s["slo_attainment"], 3 / 5)
+        self.assertAlmostEqual(s["goodput_rps"], 3 / s["duration_s"], places=6)
+        self.assertEqual(sorted(f["index"] for f in s["failures"]), [1, 3])
+        recs = {r["index"]: r for r in load(out)["requests"]}
+        self.assertEqual((recs[1]["ok"], recs[1]["status"]), (False, 503))
+        self.assertIn("overloaded", recs[1]["error"])
+        self.assertEqual((recs[3]["ok"], recs[3]["error_kind"]), (False, "timeout"))
+        self.assertEqual(s["ttft_ms"]["count"], 3)  # failed requests are not in the latencies
+        with open(os.path.join(out, "summary.md")) as f:
+            md = f.read()
+        self.assertIn("failed 2", md)
+        self.assertIn("#2: 2 of 6", md)
+
+    def test_synthetic_arrivals_closed_loop_and_shared_prefix(self):
+        srv = self.start(ttft_ms=5.0, gaps_ms=[5.0])
+        out = os.path.join(self.dir, "poisson")
+        p = bench("--base-url", srv.base, "--num-requests", "30", "--input-len", "20",
+                  "--output-len", "2", "--request-rate", "20", "--seed", "3", "--out", out,
+                  "--no-plots")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        recs = load(out)["requests"]
+        sched = [r["scheduled_s"] for r in recs]
+        mean_gap = (sched[-1] - sched[0]) / (len(sched) - 1)
+        self.assertTrue(0.03 < mean_gap < 0.08, mean_gap)   # Poisson at 20/s: about 0.05 s
+        arrivals = sorted(e["t"] for e in srv.log)
+        # Each arrival on schedule: typically within a few ms; a loaded machine may delay one.
+        dev = sorted(abs((a - arrivals[0]) - s) * 1000.0 for s, a in zip(sched, arrivals))
+        self.assertLess(dev[len(dev) // 2], 15.0, dev)
+        self.assertLess(dev[-1], 100.0, dev)
+        srv.log.clear()
+        srv.max_in_flight = 0
+        srv.config.ttft_ms = 100.0
+        out = os.path.join(self.dir, "closed")
+        p = bench("--base-url", srv.base, "--num-requests", "9", "--input-len", "10",
+                  "--output-len", "3", "--closed-loop", "3", "--shared-prefix-len", "40",
+                  "--num-prefixes", "2", "--out", out, "--no-plots")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(srv.max_in_flight, 3)
+        self.assertEqual(load(out, "summary.json")["completed"], 9)
+        words = [e["body"]["prompt"].split() for e in srv.log]
+        self.assertEqual(len(words), 9)
+        groups = {}
+        for w in words:
+            self.assertEqual(len(w), 50)
+            groups.setdefault(tuple(w[:40]), []).append(w)
+        self.assertEqual(sorted(len(g) for g in groups.values()), [4, 5])
+        self.assertEqual(len({tuple(w[40:]) for w in words}), 9)
+
+    def test_rate_sweep_finds_highest_rate_meeting_slo(self):
+        # Capacity one request at a time, 100 + 5 * 20 = 200 ms each: fine at 2 req/s, a queue at 25.
+        srv = self.start(ttft_ms=100.0, gaps_ms=[20.0], serial=True)
+        out = os.path.join(self.dir, "sweep")
+        p = bench("--base-url", srv.base, "--num-requests", "8", "--input-len", "10",
+                  "--output-len", "6", "--burstiness", "100", "--sweep-rates", "2,25",
+                  "--slo-ttft-ms", "250", "--out", out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        sweep = load(out, "sweep.json")
+        att = {pt["rate"]: pt["summary"]["slo_attainment"] for pt in sweep["points"]}
+        self.assertGreaterEqual(att[2.0], 0.9)
+        self.assertLess(att[25.0], 0.9)
+        self.assertEqual(sweep["max_rate_meeting_target"], 2.0)
+        self.assertTrue(is_png(os.path.join(out, "attainment_vs_rate.png")))
+        self.assertTrue(os.path.exists(os.path.join(out, "rate_2", "summary.json")))
+
+
+class CommandLine(unittest.TestCase):
+    def test_help_passes_through(self):
+        p = bench("--help")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("usage: tandem bench serve", p.stdout)
+        self.assertIn("--slo-tbt-ms", p.stdout)
+
+    def test_bad_input_gives_clear_errors(self):
+        p = bench("--base-url", "http://127.0.0.1:9", "--trace", "/nonexistent/trace.jsonl", "--out", "/tmp/x")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("cannot read trace", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        p = bench("--base-url", "ftp://x", "--out", "/tmp/x")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not an http(s) URL", p.stderr)
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as f:
+            f.write("{\"timestamp\": 0}\n")
+            f.flush()
+            p = bench("--base-url", "http://127.0.0.1:9", "--trace", f.name, "--out", "/tmp/x")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not a trace record", p.stderr)
+        p = bench("--x", env={"TANDEM_BENCH_SCRIPT": "/nonexistent/serve_bench.py"})
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("benchmark script not found", p.stderr)
+
+
+class AgainstTandem(unittest.TestCase):
+    """The real server: exact output lengths (usage), real prefix reuse, chat streaming."""
+
+    @classmethod
+    def setUpClass(cls):
+        from server_util import Server
+        cls.server = Server(max_model_len=2048)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_trace_slice_against_tandem(self):
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "trace.jsonl")
+            write_trace(trace, [(0, 1024, 64, [1, 2]), (300, 1300, 64, [1, 2, 3]),
+                                (600, 1024, 64, [1, 4]), (900, 600, 48, [5, 6])])
+            before = self.server.metrics()["tandem_prefix_cache_hit_tokens_total"]
+            out = os.path.join(d, "run")
+            p = bench("--base-url", self.server.base, "--trace", trace, "--length-scale", "0.25",
+                      "--time-scale", "1", "--max-requests", "4", "--slo-ttft-ms", "60000",
+                      "--slo-tbt-ms", "60000", "--out", out, "--no-plots")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            s = load(out, "summary.json")
+            self.assertEqual((s["completed"], s["failed"], s["short_outputs"]), (4, 0, 0), s["failures"])
+            recs = load(out)["requests"]
+            self.assertEqual([r["completion_tokens"] for r in recs], [16, 16, 16, 12])
+            for r in recs:
+                # Prompt lengths as the server counted them: within 10% of the target.
+                self.assertLess(abs(r["prompt_tokens"] - r["input_tokens_target"]),
+                                0.1 * r["input_tokens_target"] + 2, r)
+                self.assertLess(r["ttft_ms"], r["e2e_ms"])
+                self.assertEqual(len(r["itl_ms"]), r["chunks"] - 1)
+            self.assertEqual(s["slo_attainment"], 1.0)
+            hits = self.server.metrics()["tandem_prefix_cache_hit_tokens_total"] - before
+            self.assertGreaterEqual(hits, 128)  # the shared first block (128 tokens) was reused
+
+    def test_chat_closed_loop_against_tandem(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "chat")
+            p = bench("--base-url", self.server.base, "--endpoint", "chat", "--num-requests", "4",
+                      "--input-len", "64", "--output-len", "12", "--closed-loop", "2", "--out", out,
+                      "--no-plots")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            s = load(out, "summary.json")
+            self.assertEqual((s["completed"], s["failed"], s["short_outputs"]), (4, 0, 0))
+            self.assertEqual(s["output_tokens_from_usage"], 4)
+            self.assertEqual(s["total_output_tokens"], 48)
+            self.assertGreater(s["tpot_ms"]["p50"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
