@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "cluster/conductor.h"
@@ -78,6 +79,9 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
                   "by this process on loopback; or etcd://HOST:PORT)");
   cmd->add_option("--transfer-protocols", f.transfer_protocols, "KV transfer protocols by preference")
       ->capture_default_str();
+  cmd->add_option("--kv-transfer-timeout-s", f.kv_transfer_timeout_s,
+                  "A KV push batch not landed this long after submission fails")
+      ->check(CLI::Range(0.01, 1e5))->capture_default_str();
   return cmd;
 }
 
@@ -106,9 +110,10 @@ StatusOr<FrontEnd> LoadFrontEnd(const model::GgufFile& file, const model::LlamaC
 
 // Serves HTTP over `backend` until SIGTERM/SIGINT (blocked by the caller), then drains.
 // Returns the process exit code.
+// `before_exit` runs after the drain, before the process ends (e.g. stopping workers).
 int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo model,
               serving::GenerationBackend* backend, const sigset_t& signals,
-              const std::string& description) {
+              const std::string& description, const std::function<void()>& before_exit) {
   auto log = GetLogger("serve");
   server::HttpServer http(opts, model, backend);
   if (const Status st = http.Bind(); !st.ok()) {
@@ -157,18 +162,15 @@ int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo
   while (!server_exited.load() && Clock::now() < idle_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (!server_exited.load()) return rc | 0x100;  // the caller exits without teardown
+  if (before_exit) before_exit();
+  if (!server_exited.load()) {
+    log->info("stopped (closing idle keep-alive connections)");
+    log->flush();
+    std::fflush(nullptr);
+    std::_Exit(rc);  // the backend is drained; the HTTP threads may still use it, so no teardown
+  }
   server_thread.join();
-  return rc;
-}
-
-// Ends the process after ServeHttp: with teardown if the HTTP threads are gone.
-int Finish(int rc) {
-  auto log = GetLogger("serve");
   log->info("stopped");
-  log->flush();
-  std::fflush(nullptr);
-  if (rc & 0x100) std::_Exit(rc & 0xff);  // HTTP threads may still hold the backend
   return rc;
 }
 
@@ -257,10 +259,9 @@ int RunServe(const ServeFlags& f) {
         "chat_template={}", threads, f.max_num_seqs, kv_tokens, kv_mib, max_model_len,
         eng->chat_template() ? "yes" : "no");
     const int rc = ServeHttp(f, opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
-                             backend.get(), signals, description);
-    if (rc & 0x100) return Finish(rc);
+                             backend.get(), signals, description, nullptr);
     backend.reset();
-    return Finish(rc);
+    return rc;
   }
 
   // Disaggregated: a metadata service, worker processes under a supervisor, and the conductor.
@@ -324,7 +325,8 @@ int RunServe(const ServeFlags& f) {
                  "--max-batch-tokens", std::to_string(f.max_batch_tokens),
                  "--max-waiting", std::to_string(f.max_waiting),
                  "--transfer-protocols", f.transfer_protocols,
-                 "--drain-timeout-s", std::to_string(f.drain_timeout_s)};
+                 "--drain-timeout-s", std::to_string(f.drain_timeout_s),
+                 "--kv-transfer-timeout-s", std::to_string(f.kv_transfer_timeout_s)};
     return supervisor.Start(spec);
   };
   for (int i = 0; i < f.prefill_workers; ++i) {
@@ -354,11 +356,10 @@ int RunServe(const ServeFlags& f) {
       f, opts,
       {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,
        front->chat_template_error},
-      conductor->get(), signals, description);
-  supervisor.StopAll(After(f.drain_timeout_s + 5));
-  if (rc & 0x100) return Finish(rc);
+      conductor->get(), signals, description,
+      [&] { supervisor.StopAll(After(f.drain_timeout_s + 5)); });
   conductor->reset();
-  return Finish(rc);
+  return rc;
 }
 
 }  // namespace tandem::app

@@ -37,6 +37,7 @@ struct ServeFlags {
   int threads_per_worker = 0;     // 0: threads / (prefill + decode workers), at least 1
   std::string metadata;           // empty: an HTTP metadata service in this process
   std::string transfer_protocols = "shm,tcp";
+  double kv_transfer_timeout_s = 10;
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.

@@ -56,6 +56,9 @@ CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& f) {
       ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   cmd->add_option("--transfer-protocols", f.protocols, "KV transfer protocols by preference")
       ->capture_default_str();
+  cmd->add_option("--kv-transfer-timeout-s", f.kv_transfer_timeout_s,
+                  "A KV push batch not landed this long after submission fails")
+      ->check(CLI::Range(0.01, 1e5))->capture_default_str();
   cmd->add_option("--drain-timeout-s", f.drain_timeout_s, "On SIGTERM, time given to requests in flight")
       ->check(CLI::Range(0.0, 1e5))->capture_default_str();
   return cmd;
@@ -88,6 +91,8 @@ int RunWorker(const WorkerFlags& f) {
   o.host = f.host;
   o.port = f.port;
   o.metadata_uri = f.metadata;
+  o.kv_transfer_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(f.kv_transfer_timeout_s * 1000));
   std::vector<std::string> names;
   std::string error;
   if (!ParseProtocolList(f.protocols, &names, &error)) {

@@ -26,6 +26,7 @@ struct WorkerFlags {
   int max_waiting = 256;
   std::string protocols = "shm,tcp";  // transfer protocols in order of preference
   double drain_timeout_s = 30;
+  double kv_transfer_timeout_s = 10;  // a KV push batch not landed by then fails
 };
 
 CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& flags);

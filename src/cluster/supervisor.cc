@@ -40,6 +40,9 @@ StatusOr<pid_t> Supervisor::Spawn(const ChildSpec& spec) {
     // Child: die with the supervisor; signals start unblocked (the parent blocks some).
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
+    // Own process group: a Ctrl-C meant for the supervisor must not stop the workers before
+    // it has drained them.
+    ::setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -304,7 +304,7 @@ class WorkerImpl final : public Worker {
     }
     const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(call->timeout_ms);
     auto pusher = std::make_shared<KvPusher>(te_.get(), &engine_->kv(), *handle, call->target,
-                                             n_prompt, deadline);
+                                             n_prompt, deadline, options_.kv_transfer_timeout);
     auto sink = std::make_shared<PrefillSink>(pusher, call->id, options_.name);
     auto finished = sink->future();
     serving::GenerationRequest g;

@@ -7,6 +7,7 @@
 //   (*w)->Run();                       // serves until Stop()
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ struct WorkerOptions {
   std::string metadata_uri;          // "http://...", "etcd://..."
   std::vector<transfer::Protocol> protocols = {transfer::Protocol::kShm, transfer::Protocol::kTcp};
   int http_threads = 256;
+  // A KV push batch that has not landed this long after it was submitted fails (counted in
+  // transfer_timeouts); the prefill then fails and the conductor retries elsewhere.
+  std::chrono::milliseconds kv_transfer_timeout{10000};
 };
 
 class Worker {

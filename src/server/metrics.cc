@@ -222,7 +222,7 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
     for (const auto& m : stats.extra) {
       if (m.name != name) continue;
       samples.push_back({m.labels, m.value});
-      help = m.help;
+      if (help.empty()) help = m.help;
       counter = m.counter;
     }
     w.Family(name, counter ? "counter" : "gauge", help, samples);

@@ -118,6 +118,7 @@ class TcpConnection {
         }
         op->id = next_id_++;
         outstanding_.emplace(op->id, op);
+        sending_id_ = op->id;
       }
       wire::Header h;
       h.type = op->type;
@@ -140,6 +141,11 @@ class TcpConnection {
       }
       int err = 0;
       const IoResult r = SendAll(fd, iov, n, aborted, &err);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        sending_id_ = 0;
+      }
+      cv_.notify_all();
       if (r == IoResult::kError) {
         Break(Unavailable(ErrnoStatus("send to " + endpoint_, err).message()));
         break;
@@ -207,6 +213,10 @@ class TcpConnection {
         BreakOnIo(r, err);
         break;
       }
+      // The sender may not have returned from sendmsg yet for this very request (a reply can
+      // overtake it; a misbehaving peer may even answer early): wait until it let go of the
+      // buffer before completing the request.
+      if (!WaitNotSending(h.id)) break;
       OpPtr op;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -239,6 +249,19 @@ class TcpConnection {
       Complete(op, std::move(st));
     }
     Teardown();
+  }
+
+  // False when the connection broke (or a deadline passed) while waiting.
+  bool WaitNotSending(uint64_t id) {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (sending_id_ != id) return true;
+        cv_.wait_for(lock, std::chrono::milliseconds(20));
+        if (sending_id_ != id) return true;
+      }
+      if (broken() || CheckDeadlines()) return false;
+    }
   }
 
   void BreakOnIo(IoResult r, int err) {
@@ -341,6 +364,7 @@ class TcpConnection {
   std::deque<OpPtr> queue_;                       // guarded by mu_
   std::unordered_map<uint64_t, OpPtr> outstanding_;  // guarded by mu_
   uint64_t next_id_ = 1;                          // guarded by mu_
+  uint64_t sending_id_ = 0;                       // op inside SendAll, 0 if none; guarded by mu_
   bool sender_done_ = false;                      // guarded by mu_
   Status break_reason_;                           // guarded by mu_
   std::atomic<bool> broken_{false};               // written under mu_

@@ -99,7 +99,7 @@ Status UcsStatus(const std::string& what, ucs_status_t st) {
 
 // UCX logs to stdout by default; route its messages to our "transfer" logger (stderr) instead.
 // Its errors land at info: each one also comes back to us as a status we report ourselves, and
-// some are expected (UCX_ERR_HANDLING_MODE_PEER refused by its shared-memory transports).
+// some are expected (UCP_ERR_HANDLING_MODE_PEER refused by its shared-memory transports).
 ucs_log_func_rc_t RouteUcxLog(const char* file, unsigned line, const char* function,
                               ucs_log_level_t level, const ucs_log_component_config_t* comp,
                               const char* format, va_list ap) {
@@ -164,11 +164,11 @@ struct RemoteKey {
 // A remote worker address; touched only on the progress thread.
 struct Peer {
   uint64_t id = 0;
-  std::string key;                                  // raw worker address
-  bool failed = false;                              // the peer died: no new endpoint
+  std::string key;                                 // raw worker address
+  bool failed = false;                             // the peer died: no new endpoint
   Status error;
-  std::unordered_map<uint64_t, RemoteKey> packed;     // by rkey id (one per opened segment)
-  std::shared_ptr<Endpoint> current;                 // null until needed
+  std::unordered_map<uint64_t, RemoteKey> packed;  // by rkey id (one per opened segment)
+  std::shared_ptr<Endpoint> current;               // null until needed
 };
 
 // A region of this process mapped with ucp_mem_map.

@@ -130,7 +130,10 @@ class AgainstFakeServer(unittest.TestCase):
         self.assertEqual((s["completed"], s["failed"], s["short_outputs"]), (4, 0, 0))
         for key, (value, tol) in want.items():
             for stat in ("mean", "p50", "p90", "p99"):
-                self.assertNear(s[key][stat], value, tol, what=f"{key} {stat}")
+                # p90 and p99 of 4 requests are the slowest one: a loaded machine may have
+                # stalled one chunk of it, so the tail gets twice the tolerance.
+                t = tol if stat in ("mean", "p50") else 2 * tol
+                self.assertNear(s[key][stat], value, t, what=f"{key} {stat}")
         self.assertNear(s["itl_ms"]["mean"], sum(gaps) / len(gaps), 5.0, what="itl mean")
         self.assertNear(s["itl_ms"]["p50"], 40.0, 10.0, what="itl p50")
         self.assertNear(s["itl_ms"]["max"], 200.0, what="itl max")
@@ -217,9 +220,13 @@ class AgainstFakeServer(unittest.TestCase):
         self.assertTrue(0.03 < mean_gap < 0.08, mean_gap)   # Poisson at 20/s: about 0.05 s
         arrivals = sorted(e["t"] for e in srv.log)
         # Each arrival on schedule: typically within a few ms; a loaded machine may delay one.
-        dev = sorted(abs((a - arrivals[0]) - s) * 1000.0 for s, a in zip(sched, arrivals))
-        self.assertLess(dev[len(dev) // 2], 15.0, dev)
-        self.assertLess(dev[-1], 100.0, dev)
+        # Deviations are taken around their median (a constant offset is not a schedule error).
+        raw = sorted(((a - arrivals[0]) - s) * 1000.0 for s, a in zip(sched, arrivals))
+        offset = raw[len(raw) // 2]
+        self.assertLess(abs(offset), 100.0, raw)
+        dev = sorted(abs(x - offset) for x in raw)
+        self.assertLess(dev[len(dev) // 2], 15.0, raw)
+        self.assertLess(dev[-1], 100.0, raw)
         srv.log.clear()
         srv.max_in_flight = 0
         srv.config.ttft_ms = 100.0

@@ -1,0 +1,79 @@
+"""Disaggregated serving gives the colocated mode's answers, token for token, and reports
+where each request's time to first token went."""
+import concurrent.futures
+import re
+import unittest
+
+from disagg_util import (colocated, disaggregated, fifty_prompts, metric, post, stream, text_of)
+
+CLIENTS = 16
+
+
+def run_all(server, requests, streaming):
+    def one(item):
+        path, body = item
+        if streaming:
+            text, finish, usage, error = stream(server, path, body)
+            assert error is None, error
+            return text, finish, usage["completion_tokens"]
+        r = post(server, path, body)
+        return text_of(r), r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        return list(pool.map(one, requests))
+
+
+class DisaggregatedEqualsColocated(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.requests = fifty_prompts()
+        server = colocated()
+        try:
+            cls.expected = run_all(server, cls.requests, streaming=False)
+        finally:
+            server.stop()
+        cls.server = disaggregated()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def check(self, got):
+        self.assertEqual(len(got), len(self.expected))
+        for i, (g, e) in enumerate(zip(got, self.expected)):
+            self.assertEqual(g, e, f"request {i}: {self.requests[i][0]}")
+
+    def test_1_non_streaming_under_16_clients(self):
+        self.check(run_all(self.server, self.requests, streaming=False))
+
+    def test_2_streaming_under_16_clients(self):
+        self.check(run_all(self.server, self.requests, streaming=True))
+
+    def test_3_one_at_a_time(self):
+        got = [run_all(self.server, [r], streaming=i % 2 == 1)[0]
+               for i, r in enumerate(self.requests[:10])]
+        self.assertEqual(got, self.expected[:10])
+
+    def test_4_metrics_and_log_show_the_hand_off(self):
+        m = self.server.wait_idle()
+        self.assertGreaterEqual(metric(m, "tandem_disaggregated_requests_total"), 100)
+        self.assertEqual(metric(m, "tandem_colocated_fallback_requests_total"), 0)
+        self.assertEqual(metric(m, "tandem_kv_transfer_failures_total"), 0)
+        self.assertEqual(metric(m, "tandem_kv_transfer_timeouts_total"), 0)
+        self.assertGreater(metric(m, "tandem_kv_transfer_bytes_total"), 0)
+        self.assertEqual(metric(m, "tandem_workers", role="prefill", state="healthy"), 1)
+        self.assertEqual(metric(m, "tandem_workers", role="decode", state="healthy"), 1)
+        for h in ("tandem_ttft_prefill_seconds", "tandem_ttft_kv_transfer_seconds",
+                  "tandem_first_decode_step_seconds", "tandem_queue_time_seconds"):
+            self.assertGreaterEqual(metric(m, h + "_count"), 100, h)
+        # Every block reservation was claimed and freed.
+        self.assertEqual(metric(m, "tandem_kv_blocks_reserved"), 0)
+        self.assertEqual(metric(m, "tandem_kv_reservations_expired_total"), 0)
+        lines = [l for l in self.server.log_text().splitlines() if " finish=" in l]
+        self.assertTrue(lines)
+        pattern = re.compile(r"queue=[\d.]+s ttft=[\d.]+s prefill=[\d.]+s kv_transfer=[\d.]+s "
+                             r"first_decode=[\d.]+s")
+        self.assertTrue(all(pattern.search(l) for l in lines[-20:]), lines[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()
