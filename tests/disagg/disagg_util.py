@@ -91,7 +91,7 @@ def text_of(response):
 
 def worker_pids(server, role):
     """Pids of the `tandem worker --role ROLE` children of a server."""
-    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", f"--role {role}"],
+    out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", f"worker --role {role}"],
                          capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
