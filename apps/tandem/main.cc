@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   CLI::App* generate_cmd = tandem::app::AddGenerateCommand(app, generate);
   tandem::app::ServeFlags serve;
   CLI::App* serve_cmd = tandem::app::AddServeCommand(app, serve);
+  tandem::app::ServeFlags conductor;
+  CLI::App* conductor_cmd = tandem::app::AddConductorCommand(app, conductor);
   tandem::app::WorkerFlags worker;
   CLI::App* worker_cmd = tandem::app::AddWorkerCommand(app, worker);
   tandem::app::BenchFlags bench;
@@ -25,7 +27,8 @@ int main(int argc, char** argv) {
   tandem::app::TransferBenchFlags transfer_bench;
   CLI::App* transfer_bench_cmd = tandem::app::AddTransferBenchCommand(app, transfer_bench);
   CLI11_PARSE(app, argc, argv);
-  if ((serve_cmd->parsed() || worker_cmd->parsed()) && log_level_opt->count() == 0) {
+  if ((serve_cmd->parsed() || worker_cmd->parsed() || conductor_cmd->parsed()) &&
+      log_level_opt->count() == 0) {
     log_level = "info";
   }
   if (!tandem::SetLogLevel(log_level)) {
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
   if (generate_cmd->parsed()) return tandem::app::RunGenerate(generate);
   if (serve_cmd->parsed()) return tandem::app::RunServe(serve);
   if (worker_cmd->parsed()) return tandem::app::RunWorker(worker);
+  if (conductor_cmd->parsed()) return tandem::app::RunServe(conductor);
   if (bench_cmd->parsed()) return tandem::app::RunBench(bench);
   if (transfer_bench_cmd->parsed()) return tandem::app::RunTransferBench(transfer_bench);
   return 2;

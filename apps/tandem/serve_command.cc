@@ -38,8 +38,10 @@ int64_t KvBytesPerToken(const model::LlamaConfig& c) {
 
 }  // namespace
 
-CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
-  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+namespace {
+
+// The flags `serve` and `conductor` share.
+void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
   cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
   cmd->add_option("--host", f.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", f.port, "Port to listen on")->check(CLI::Range(1, 65535))->capture_default_str();
@@ -66,6 +68,13 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
       ->check(CLI::Range(0.0, 1e5))->capture_default_str();
   cmd->add_option("--http-threads", f.http_threads, "Connections served at once "
                   "(default: max-num-seqs + max-waiting + 16)")->check(CLI::Range(1, 100000));
+}
+
+}  // namespace
+
+CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  AddFrontDoorFlags(cmd, f);
   cmd->add_option("--mode", f.mode, "disaggregated: prefill and decode worker processes; "
                   "colocated: one process")
       ->check(CLI::IsMember({"disaggregated", "colocated"}))->capture_default_str();
@@ -82,6 +91,19 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
   cmd->add_option("--kv-transfer-timeout-s", f.kv_transfer_timeout_s,
                   "A KV push batch not landed this long after submission fails")
       ->check(CLI::Range(0.01, 1e5))->capture_default_str();
+  return cmd;
+}
+
+CLI::App* AddConductorCommand(CLI::App& app, ServeFlags& f) {
+  CLI::App* cmd = app.add_subcommand(
+      "conductor", "Serve the OpenAI-compatible API over workers started elsewhere (tandem worker)");
+  AddFrontDoorFlags(cmd, f);
+  cmd->add_option("--metadata", f.metadata, "Metadata service where workers publish themselves: "
+                  "etcd://HOST:PORT or http://HOST:PORT")->required();
+  cmd->callback([&f] {
+    f.mode = "disaggregated";
+    f.spawn_workers = false;
+  });
   return cmd;
 }
 
@@ -287,7 +309,13 @@ int RunServe(const ServeFlags& f) {
     metadata_server = std::move(*started);
     metadata_uri = "http://127.0.0.1:" + std::to_string(metadata_server->port());
   }
+  // An external metadata service may be starting at the same time: retry for a while.
   auto metadata = transfer::OpenMetadataStore(metadata_uri);
+  for (const Clock::time_point give_up = After(30);
+       !metadata.ok() && metadata.status().code() == StatusCode::kUnavailable && Clock::now() < give_up;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    metadata = transfer::OpenMetadataStore(metadata_uri);
+  }
   if (!metadata.ok()) {
     std::fprintf(stderr, "error: %s\n", metadata.status().ToString().c_str());
     return 1;
@@ -302,7 +330,7 @@ int RunServe(const ServeFlags& f) {
     std::fprintf(stderr, "error: %s\n", conductor.status().ToString().c_str());
     return 1;
   }
-  const int n_workers = f.prefill_workers + f.decode_workers;
+  const int n_workers = std::max(1, f.prefill_workers + f.decode_workers);
   const int worker_threads =
       f.threads_per_worker > 0 ? f.threads_per_worker : std::max(1, threads / n_workers);
   std::error_code ec;
@@ -329,29 +357,39 @@ int RunServe(const ServeFlags& f) {
                  "--kv-transfer-timeout-s", std::to_string(f.kv_transfer_timeout_s)};
     return supervisor.Start(spec);
   };
-  for (int i = 0; i < f.prefill_workers; ++i) {
+  const int prefill_workers = f.spawn_workers ? f.prefill_workers : 0;
+  const int decode_workers = f.spawn_workers ? f.decode_workers : 0;
+  for (int i = 0; i < prefill_workers; ++i) {
     if (Status st = spawn("prefill", i); !st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
       return 1;
     }
   }
-  for (int i = 0; i < f.decode_workers; ++i) {
+  for (int i = 0; i < decode_workers; ++i) {
     if (Status st = spawn("decode", i); !st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
       return 1;
     }
   }
-  if (Status st = (*conductor)->WaitForWorkers(f.prefill_workers, f.decode_workers, After(180));
+  // Workers started elsewhere join when they are ready; until a decode worker has, requests get
+  // 503 with the reason.
+  if (Status st = (*conductor)->WaitForWorkers(prefill_workers, decode_workers, After(180));
       !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     supervisor.StopAll(After(5));
     return 1;
   }
-  const std::string description = fmt::format(
-      "disaggregated, {} prefill + {} decode workers x {} threads, metadata {}, max_num_seqs={} "
-      "kv_cache={} tokens ({:.1f} MiB) per worker, max_model_len={} chat_template={}",
-      f.prefill_workers, f.decode_workers, worker_threads, metadata_uri, f.max_num_seqs, kv_tokens,
-      kv_mib, max_model_len, front->chat_template ? "yes" : "no");
+  const std::string description =
+      f.spawn_workers
+          ? fmt::format("disaggregated, {} prefill + {} decode workers x {} threads, metadata {}, "
+                        "max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) per worker, "
+                        "max_model_len={} chat_template={}",
+                        f.prefill_workers, f.decode_workers, worker_threads, metadata_uri,
+                        f.max_num_seqs, kv_tokens, kv_mib, max_model_len,
+                        front->chat_template ? "yes" : "no")
+          : fmt::format("conductor over the workers published in {}, max_model_len={} "
+                        "chat_template={}", metadata_uri, max_model_len,
+                        front->chat_template ? "yes" : "no");
   const int rc = ServeHttp(
       f, opts,
       {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,

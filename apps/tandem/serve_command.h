@@ -38,10 +38,13 @@ struct ServeFlags {
   std::string metadata;           // empty: an HTTP metadata service in this process
   std::string transfer_protocols = "shm,tcp";
   double kv_transfer_timeout_s = 10;
+  bool spawn_workers = true;      // false for `tandem conductor`: workers run elsewhere
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.
 CLI::App* AddServeCommand(CLI::App& app, ServeFlags& flags);
+// `tandem conductor`: the same front door and flags, over workers found in --metadata.
+CLI::App* AddConductorCommand(CLI::App& app, ServeFlags& flags);
 int RunServe(const ServeFlags& flags);
 
 }  // namespace tandem::app

@@ -154,7 +154,19 @@ class WorkerImpl final : public Worker {
   Status Init(const WorkerOptions& o) {
     options_ = o;
     if (o.name.empty()) return InvalidArgument("a worker needs a name");
-    TANDEM_ASSIGN_OR_RETURN(metadata_, transfer::OpenMetadataStore(o.metadata_uri));
+    // The metadata service may be starting at the same time (a cluster coming up): retry.
+    const Clock::time_point give_up = Clock::now() + std::chrono::seconds(30);
+    while (true) {
+      auto opened = transfer::OpenMetadataStore(o.metadata_uri);
+      if (opened.ok()) {
+        metadata_ = std::move(*opened);
+        break;
+      }
+      if (opened.status().code() != StatusCode::kUnavailable || Clock::now() >= give_up) {
+        return opened.status();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
     transfer::TransferEngineOptions to;
     to.local_name = o.name + "." + std::to_string(::getpid());
     to.metadata = metadata_;

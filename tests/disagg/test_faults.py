@@ -108,9 +108,9 @@ class TransferTimesOut(unittest.TestCase):
     def test_stalled_decode_worker_times_the_push_out_and_frees_blocks(self):
         # Over TCP a stopped receiver stalls the push once socket buffers are full.
         server = disaggregated("--transfer-protocols", "tcp", "--kv-transfer-timeout-s", "1.5")
-        decode_pid = worker_pids(server, "decode")[0]
         stopped = False
         try:
+            decode_pid = worker_pids(server, "decode")[0]
             prompt = long_prompt(60, tag="x")
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 f = pool.submit(post, server, "/v1/completions", completion(prompt, 8), 120)

@@ -87,8 +87,8 @@ class TransferBenchTest(unittest.TestCase):
         ]
         for args, needle in cases:
             with self.subTest(args=args):
-                proc = bench(*args, "--duration" if "--duration" not in args else "--json",
-                             *(["0.2"] if "--duration" not in args else []), timeout=60)
+                short = [] if "--duration" in args else ["--duration", "0.2"]
+                proc = bench(*args, *short, timeout=60)
                 self.assertNotEqual(proc.returncode, 0, proc.stdout)
                 self.assertIn(needle.lower(), (proc.stderr + proc.stdout).lower())
                 self.assertNotIn("Traceback", proc.stderr)
