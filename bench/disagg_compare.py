@@ -168,7 +168,8 @@ def evaluate(run, ttft_slo, tbt_slos):
     recs = run["records"]
     dur = max(run["duration_s"], 1e-9)
     ok = [r for r in recs if r["ok"]]
-    st = {k: metrics.stats(r[k] for r in ok) for k in ("ttft_ms", "tbt_ms", "tpot_ms", "itl_ms")}
+    st = {k: metrics.stats(r[k] for r in ok) for k in ("ttft_ms", "tbt_ms", "tpot_ms")}
+    st["itl_ms"] = metrics.stats(g for r in ok for g in r["itl_ms"])
     out = {"completed": len(ok), "failed": len(recs) - len(ok),
            "short": sum(1 for r in ok if r["output_tokens"] is not None
                         and r["output_tokens"] < r["requested_output_tokens"]),
@@ -283,6 +284,8 @@ def main():
     ap.add_argument("--slo-tbt-ms", default="150,300,600",
                     help="comma-separated TBT SLOs (tight, medium, loose)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "disagg"))
+    ap.add_argument("--evaluate-only", action="store_true",
+                    help="do not run: evaluate the runs recorded in --out (e.g. at other SLOs)")
     ap.add_argument("bench_args", nargs="*", help="benchmark arguments (after --)")
     args = ap.parse_args()
     if args.quick:
@@ -299,20 +302,32 @@ def main():
         logf.flush()
 
     main_cfgs, sweep_cfgs = configurations(args.threads)
-    log(f"start, load average {loadavg()}, bench args: {' '.join(bench_args)}")
     runs = {}
-    for rnd in range(args.rounds):
+    runs_path = os.path.join(args.out, "runs.json")
+    if args.evaluate_only:
+        with open(runs_path) as f:
+            saved = json.load(f)
+        runs, bench_args = saved["runs"], saved["bench_args"]
+        args.rounds, args.sweep_rounds = saved["rounds"], saved["sweep_rounds"]
+        args.no_sweep = not any(n in runs for n, _ in sweep_cfgs)
+    else:
+        log(f"start, load average {loadavg()}, bench args: {' '.join(bench_args)}")
+    for rnd in range(0 if args.evaluate_only else args.rounds):
         order = main_cfgs if rnd % 2 == 0 else list(reversed(main_cfgs))
         for name, serve_args in order:
             out = os.path.join(args.out, f"{name.replace(' ', '-')}-round{rnd + 1}")
             runs.setdefault(name, []).append(run_config(args, name, serve_args, bench_args, out, log))
-    if not args.no_sweep:
+    if not args.no_sweep and not args.evaluate_only:
         for rnd in range(args.sweep_rounds):
             for name, serve_args in sweep_cfgs:
                 out = os.path.join(args.out, f"{name.replace(' ', '-')}-round{rnd + 1}")
                 runs.setdefault(name, []).append(run_config(args, name, serve_args, bench_args, out,
                                                             log))
-    log(f"end, load average {loadavg()}")
+    if not args.evaluate_only:
+        log(f"end, load average {loadavg()}")
+        with open(runs_path, "w") as f:
+            json.dump({"runs": runs, "bench_args": bench_args, "rounds": args.rounds,
+                       "sweep_rounds": args.sweep_rounds}, f)
 
     evals = {n: [evaluate(r, args.slo_ttft_ms, tbt_slos) for r in rs] for n, rs in runs.items()}
     main_names = [n for n, _ in main_cfgs]
