@@ -31,13 +31,14 @@ sys.path.insert(0, os.path.join(HERE, "serving"))
 from servebench import metrics  # noqa: E402
 
 TRACE = os.path.join(ROOT, "..", "shared", "data", "mooncake-traces", "conversation_trace.jsonl")
-# The conversation trace scaled down: prompts x0.02 (10-token blocks per hash id, ~280 tokens on
-# average), outputs x0.1 (~36 tokens), arrivals stretched x4 (the first 60 requests arrive over
-# ~72 s in bursts every 3-12 s), which puts the offered prompt load near what 2 cores compute.
-DEFAULT_BENCH = ["--trace", TRACE, "--max-requests", "60", "--length-scale", "0.02",
-                 "--output-scale", "0.1", "--time-scale", "4", "--warmup", "2"]
+# The conversation trace scaled down: prompts x0.02 (10-token blocks per hash id; the first 40
+# requests have 46 to 1,743 prompt tokens, 10,123 in all), outputs x0.1 (1 to 93 tokens, 1,495 in
+# all), arrivals stretched x6 (five bursts, 18 s apart, over 72 s: ~140 prompt tokens/s offered),
+# which is near what 2 shared cores compute, where the two designs differ.
+DEFAULT_BENCH = ["--trace", TRACE, "--max-requests", "40", "--length-scale", "0.02",
+                 "--output-scale", "0.1", "--time-scale", "6", "--warmup", "2"]
 QUICK_BENCH = ["--trace", TRACE, "--max-requests", "12", "--length-scale", "0.02",
-               "--output-scale", "0.1", "--time-scale", "4", "--warmup", "1"]
+               "--output-scale", "0.1", "--time-scale", "6", "--warmup", "1"]
 METRIC_PREFIXES = ("tandem_disaggregated_requests_total", "tandem_colocated_fallback_requests_total",
                    "tandem_ttft_prefill_seconds_sum", "tandem_ttft_prefill_seconds_count",
                    "tandem_ttft_kv_transfer_seconds_sum", "tandem_ttft_kv_transfer_seconds_count",
@@ -280,8 +281,8 @@ def main():
     ap.add_argument("--sweep-rounds", type=int, default=1)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--quick", action="store_true", help="smoke: 1 round, 12 requests, no sweep")
-    ap.add_argument("--slo-ttft-ms", type=float, default=2000.0)
-    ap.add_argument("--slo-tbt-ms", default="150,300,600",
+    ap.add_argument("--slo-ttft-ms", type=float, default=5000.0)
+    ap.add_argument("--slo-tbt-ms", default="200,1000,3000",
                     help="comma-separated TBT SLOs (tight, medium, loose)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "disagg"))
     ap.add_argument("--evaluate-only", action="store_true",

@@ -1,5 +1,6 @@
 #include "generate_command.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,6 +23,16 @@ std::string DefaultModelPath() {
     }
   }
   return name;
+}
+
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return signals;
 }
 
 int DefaultThreads() {

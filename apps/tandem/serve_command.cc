@@ -202,12 +202,7 @@ int RunServe(const ServeFlags& f) {
   auto log = GetLogger("serve");
   // Signals are taken by sigwait; block them before any thread starts so none gets them.
   // (Worker processes unblock them after fork.)
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = BlockTerminationSignals();
 
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   const int threads = f.threads > 0 ? f.threads : DefaultThreads();

@@ -66,12 +66,7 @@ CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& f) {
 
 int RunWorker(const WorkerFlags& f) {
   auto log = GetLogger("worker");
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = BlockTerminationSignals();
 
   cluster::WorkerOptions o;
   auto role = cluster::ParseRole(f.role);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -66,20 +67,9 @@ class ConductorImpl final : public Conductor {
   Status Submit(serving::GenerationRequest request,
                 std::shared_ptr<serving::GenerationSink> sink) override {
     const int n_prompt = static_cast<int>(request.prompt_tokens.size());
-    if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
-    if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
-    TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
-    if (options_.vocab_size > 0) {
-      for (int32_t t : request.prompt_tokens) {
-        if (t < 0 || t >= options_.vocab_size) {
-          return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
-        }
-      }
-    }
-    if (options_.max_model_len > 0 && n_prompt >= options_.max_model_len) {
-      return OutOfRange("the prompt has " + std::to_string(n_prompt) +
-                        " tokens; the context holds " + std::to_string(options_.max_model_len));
-    }
+    TANDEM_RETURN_IF_ERROR(serving::ValidateRequest(
+        request, options_.vocab_size > 0 ? options_.vocab_size : INT32_MAX,
+        options_.max_model_len > 0 ? options_.max_model_len : INT32_MAX));
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
     if (active_ >= options_.max_inflight) {

@@ -13,4 +13,21 @@ const char* FinishReasonName(FinishReason r) {
   return "unknown";
 }
 
+Status ValidateRequest(const GenerationRequest& request, int vocab_size, int context_length) {
+  const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
+  if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
+  if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
+  TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
+  for (int32_t t : request.prompt_tokens) {
+    if (t < 0 || t >= vocab_size) {
+      return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+    }
+  }
+  if (n_prompt >= context_length) {
+    return OutOfRange("the prompt has " + std::to_string(n_prompt) +
+                      " tokens; the context length is " + std::to_string(context_length));
+  }
+  return OkStatus();
+}
+
 }  // namespace tandem::serving

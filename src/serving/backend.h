@@ -82,6 +82,11 @@ struct BackendStats {
   std::vector<ExtraMetric> extra;       // samples of one name are grouped into one family
 };
 
+// The checks every backend makes at Submit: a non-empty prompt of token ids in [0, vocab_size),
+// max_tokens >= 1, valid sampling, and a prompt shorter than context_length tokens.
+// InvalidArgument or OutOfRange naming the problem.
+Status ValidateRequest(const GenerationRequest& request, int vocab_size, int context_length);
+
 class GenerationBackend {
  public:
   virtual ~GenerationBackend() = default;

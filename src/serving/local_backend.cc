@@ -160,19 +160,8 @@ class LocalBackendImpl final : public LocalBackend {
  private:
   Status Validate(const GenerationRequest& request) const {
     const auto& cfg = engine_->config();
+    TANDEM_RETURN_IF_ERROR(ValidateRequest(request, cfg.vocab_size, cfg.context_length));
     const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
-    if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
-    if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
-    TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
-    for (int32_t t : request.prompt_tokens) {
-      if (t < 0 || t >= cfg.vocab_size)
-        return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
-    }
-    if (n_prompt >= cfg.context_length) {
-      return OutOfRange("the prompt has " + std::to_string(n_prompt) +
-                        " tokens; the model's context length is " +
-                        std::to_string(cfg.context_length));
-    }
     if (kv_.BlocksFor(n_prompt + 1) > kv_.num_blocks()) {
       return OutOfRange("the prompt has " + std::to_string(n_prompt) +
                         " tokens; the KV cache holds " +
