@@ -424,8 +424,10 @@ class ConductorImpl final : public Conductor {
       info.queue_seconds = progress.prefill->queue_seconds;
       info.prefill_seconds = progress.prefill->prefill_seconds;
       info.kv_transfer_seconds = progress.prefill->transfer_seconds;
-    } else if (!progress.finish) {
-      info.queue_seconds = info.total_seconds;
+    } else {
+      // Not disaggregated: no hand-off to break the TTFT into.
+      info.prefill_seconds = info.kv_transfer_seconds = info.first_decode_seconds = -1;
+      if (!progress.finish) info.queue_seconds = info.total_seconds;
     }
     Release(decode_name);
     Release(prefill_name);
