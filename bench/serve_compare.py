@@ -94,12 +94,14 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128, help="approximate (words ~ tokens)")
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--tandem-mode", default="colocated", choices=["colocated", "disaggregated"],
+                    help="tandem serve --mode (the recorded figures are colocated)")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     n_words = max(1, args.prompt_tokens * 3 // 4)
     servers = {
-        "tandem": ([args.tandem, "serve", "--model", args.model, "--threads", str(args.threads),
-                    "--port", "{port}"], {"ignore_eos": True}),
+        "tandem": ([args.tandem, "serve", "--mode", args.tandem_mode, "--model", args.model,
+                    "--threads", str(args.threads), "--port", "{port}"], {"ignore_eos": True}),
         "llama.cpp": ([sys.executable, "-m", "llama_cpp.server", "--model", args.model,
                        "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
                        "--n_ctx", "8192", "--port", "{port}",

@@ -56,13 +56,15 @@ def main():
     ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tandem-mode", default="colocated", choices=["colocated", "disaggregated"],
+                    help="tandem serve --mode (the recorded figures are colocated)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "serve-trace"))
     ap.add_argument("bench_args", nargs="*", help="benchmark arguments (after --)")
     args = ap.parse_args()
     bench_args = args.bench_args or DEFAULT_BENCH
     servers = {
-        "tandem": ([args.tandem, "--log-level", "warn", "serve", "--model", args.model,
-                    "--threads", str(args.threads), "--port", "{port}"], []),
+        "tandem": ([args.tandem, "--log-level", "warn", "serve", "--mode", args.tandem_mode,
+                    "--model", args.model, "--threads", str(args.threads), "--port", "{port}"], []),
         "llama.cpp": ([sys.executable, "-m", "llama_cpp.server", "--model", args.model,
                        "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
                        "--n_ctx", "8192", "--port", "{port}", "--interrupt_requests", "False"],
