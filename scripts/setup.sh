@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   libfmt-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev curl etcd-server etcd-client
-  libucx-dev iperf3)
+  libucx-dev iperf3 iproute2 procps)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,7 +19,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# Python packages of the server end-to-end tests (tests/server).
+# Python packages of the end-to-end tests and the benchmark reports (plots).
 if ! python3 -c "import openai, requests, matplotlib" 2>/dev/null; then
   echo "setup: installing the Python packages openai, requests, matplotlib"
   python3 -m pip install --quiet openai requests matplotlib 2>/dev/null ||
