@@ -282,7 +282,7 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--quick", action="store_true", help="smoke: 1 round, 12 requests, no sweep")
     ap.add_argument("--slo-ttft-ms", type=float, default=5000.0)
-    ap.add_argument("--slo-tbt-ms", default="200,1000,3000",
+    ap.add_argument("--slo-tbt-ms", default="50,200,1000",
                     help="comma-separated TBT SLOs (tight, medium, loose)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "disagg"))
     ap.add_argument("--evaluate-only", action="store_true",

@@ -281,7 +281,9 @@ class ConductorImpl final : public Conductor {
     }
     for (auto& [name, w] : workers_) {
       if (!listed_names.count(name) && w.healthy) {
-        log_->warn("worker {} left the metadata service", name);
+        // Expected while shutting down (the workers unpublish themselves); a warning otherwise.
+        log_->log(draining_ ? spdlog::level::info : spdlog::level::warn,
+                  "worker {} left the metadata service", name);
         w.healthy = false;
       }
     }

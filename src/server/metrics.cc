@@ -190,7 +190,8 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
   w.Histogram("tandem_e2e_request_latency_seconds", "Arrival to finish.", e2e_.Get());
   w.Histogram("tandem_queue_time_seconds", "Arrival to first scheduled.", queue_.Get());
   w.Histogram("tandem_ttft_prefill_seconds",
-              "Disaggregated requests: prefill compute on the prefill worker.", ttft_prefill_.Get());
+              "Disaggregated requests: first scheduled on the prefill worker to its first token, "
+              "steps shared with other prompts included.", ttft_prefill_.Get());
   w.Histogram("tandem_ttft_kv_transfer_seconds",
               "Disaggregated requests: KV still moving after the last layer was computed.",
               ttft_transfer_.Get());

@@ -42,7 +42,8 @@ struct FinishInfo {
   double ttft_seconds = 0;       // arrival -> first token
   double total_seconds = 0;      // arrival -> finish
   // Disaggregated requests only (negative otherwise): the parts of the TTFT after queueing.
-  double prefill_seconds = -1;       // prefill compute (prefill worker)
+  double prefill_seconds = -1;       // prefill worker: first scheduled -> first token, minus
+                                     // the transfer tail (steps shared with other prompts count)
   double kv_transfer_seconds = -1;   // KV still moving after the last layer was computed
   double first_decode_seconds = -1;  // KV landed -> first decode step done on the decode side
 };
