@@ -17,7 +17,6 @@ Benchmark arguments after `--` replace the default workload (see DEFAULT_BENCH).
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "serving"))
 
+from compare_servers import free_port, wait_ready  # noqa: E402
 from servebench import metrics  # noqa: E402
 
 TRACE = os.path.join(ROOT, "..", "shared", "data", "mooncake-traces", "conversation_trace.jsonl")
@@ -52,33 +52,12 @@ METRIC_PREFIXES = ("tandem_disaggregated_requests_total", "tandem_colocated_fall
                    "tandem_kv_transfer_bytes_total")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def loadavg():
     try:
         with open("/proc/loadavg") as f:
             return float(f.read().split()[0])
     except OSError:
         return None
-
-
-def wait_ready(url, proc, timeout_s=240):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server at {url} not ready in {timeout_s} s")
 
 
 def scrape_metrics(url):
