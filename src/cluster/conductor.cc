@@ -328,7 +328,6 @@ class ConductorImpl final : public Conductor {
   // ---- one request ----
 
   struct Progress {
-    bool reserved = false;
     bool fall_back_local = false;    // stop this stream and run the request locally
     bool cancelled = false;          // the client went away
     int tokens = 0;                  // tokens given to the sink
@@ -474,7 +473,6 @@ class ConductorImpl final : public Conductor {
     auto on_event = [&](const DecodeEvent& e) -> bool {
       switch (e.kind) {
         case DecodeEvent::Kind::kReserved: {
-          progress->reserved = true;
           if (!Prefill(r, e.reserved, prefill_name, progress)) {
             // Free the reservation, then (unless the deadline passed) redo it locally.
             auto c = ClientFor(*info, Clock::now() + std::chrono::seconds(2));
