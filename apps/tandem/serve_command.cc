@@ -109,27 +109,6 @@ CLI::App* AddConductorCommand(CLI::App& app, ServeFlags& f) {
 
 namespace {
 
-// The tokenizer and chat template without the weights: what a conductor needs.
-struct FrontEnd {
-  std::unique_ptr<model::Tokenizer> tokenizer;
-  std::optional<model::ChatTemplate> chat_template;
-  std::string chat_template_error;
-};
-
-StatusOr<FrontEnd> LoadFrontEnd(const model::GgufFile& file, const model::LlamaConfig& config) {
-  FrontEnd fe;
-  TANDEM_ASSIGN_OR_RETURN(model::VocabData vocab, model::ReadVocab(file));
-  TANDEM_ASSIGN_OR_RETURN(fe.tokenizer, model::Tokenizer::Create(vocab));
-  if (config.chat_template.empty()) {
-    fe.chat_template_error = "the model has no tokenizer.chat_template";
-  } else if (auto t = model::ChatTemplate::Detect(config.chat_template); t.ok()) {
-    fe.chat_template = *t;
-  } else {
-    fe.chat_template_error = t.status().message();
-  }
-  return fe;
-}
-
 // Serves HTTP over `backend` until SIGTERM/SIGINT (blocked by the caller), then drains.
 // Returns the process exit code.
 // `before_exit` runs after the drain, before the process ends (e.g. stopping workers).
@@ -288,7 +267,7 @@ int RunServe(const ServeFlags& f) {
     std::fprintf(stderr, "error: %s\n", error.c_str());
     return 2;
   }
-  auto front = LoadFrontEnd(**file, config);
+  auto front = model::LoadTextFrontEnd(**file, config);
   if (!front.ok()) {
     std::fprintf(stderr, "error: %s\n", front.status().ToString().c_str());
     return 1;

@@ -22,23 +22,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(e->gguf_, model::GgufFile::Open(options.model_path));
   TANDEM_ASSIGN_OR_RETURN(e->config_, model::ReadLlamaConfig(*e->gguf_));
   TANDEM_ASSIGN_OR_RETURN(e->weights_, BindWeights(*e->gguf_, e->config_));
-  TANDEM_ASSIGN_OR_RETURN(model::VocabData vocab, model::ReadVocab(*e->gguf_));
-  if (static_cast<int>(vocab.tokens.size()) != e->config_.vocab_size) {
-    return InvalidArgument("tokenizer has " + std::to_string(vocab.tokens.size()) +
-                           " tokens but the embedding has " +
-                           std::to_string(e->config_.vocab_size) + " rows");
-  }
-  TANDEM_ASSIGN_OR_RETURN(e->tokenizer_, model::Tokenizer::Create(vocab));
-  if (!e->config_.chat_template.empty()) {
-    auto tmpl = model::ChatTemplate::Detect(e->config_.chat_template);
-    if (tmpl.ok()) {
-      e->chat_template_ = *tmpl;
-    } else {
-      e->chat_template_error_ = tmpl.status().message();
-    }
-  } else {
-    e->chat_template_error_ = "the model has no tokenizer.chat_template";
-  }
+  TANDEM_ASSIGN_OR_RETURN(model::TextFrontEnd text, model::LoadTextFrontEnd(*e->gguf_, e->config_));
+  e->tokenizer_ = std::move(text.tokenizer);
+  e->chat_template_ = std::move(text.chat_template);
+  e->chat_template_error_ = std::move(text.chat_template_error);
   const auto& c = e->config_;
   if (c.n_heads / c.n_kv_heads > 16 || c.head_dim > 256) {
     return Unimplemented("attention shape (group of " + std::to_string(c.n_heads / c.n_kv_heads) +

@@ -24,6 +24,7 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "model/text_front_end.h"
 #include "model/tokenizer.h"
 
 namespace tandem::engine {

@@ -1,0 +1,24 @@
+#include "model/text_front_end.h"
+
+namespace tandem::model {
+
+StatusOr<TextFrontEnd> LoadTextFrontEnd(const GgufFile& file, const LlamaConfig& config) {
+  TANDEM_ASSIGN_OR_RETURN(VocabData vocab, ReadVocab(file));
+  if (static_cast<int>(vocab.tokens.size()) != config.vocab_size) {
+    return InvalidArgument("tokenizer has " + std::to_string(vocab.tokens.size()) +
+                           " tokens but the embedding has " + std::to_string(config.vocab_size) +
+                           " rows");
+  }
+  TextFrontEnd fe;
+  TANDEM_ASSIGN_OR_RETURN(fe.tokenizer, Tokenizer::Create(vocab));
+  if (config.chat_template.empty()) {
+    fe.chat_template_error = "the model has no tokenizer.chat_template";
+  } else if (auto t = ChatTemplate::Detect(config.chat_template); t.ok()) {
+    fe.chat_template = *t;
+  } else {
+    fe.chat_template_error = t.status().message();
+  }
+  return fe;
+}
+
+}  // namespace tandem::model
