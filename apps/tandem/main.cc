@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   CLI::App* conductor_cmd = tandem::app::AddConductorCommand(app, conductor);
   tandem::app::WorkerFlags worker;
   CLI::App* worker_cmd = tandem::app::AddWorkerCommand(app, worker);
+  tandem::app::ProfileFlags profile;
+  CLI::App* profile_cmd = tandem::app::AddProfileCommand(app, profile);
   tandem::app::BenchFlags bench;
   CLI::App* bench_cmd = tandem::app::AddBenchCommand(app, bench);
   tandem::app::TransferBenchFlags transfer_bench;
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   if (serve_cmd->parsed()) return tandem::app::RunServe(serve);
   if (worker_cmd->parsed()) return tandem::app::RunWorker(worker);
   if (conductor_cmd->parsed()) return tandem::app::RunServe(conductor);
+  if (profile_cmd->parsed()) return tandem::app::RunProfile(profile);
   if (bench_cmd->parsed()) return tandem::app::RunBench(bench);
   if (transfer_bench_cmd->parsed()) return tandem::app::RunTransferBench(transfer_bench);
   return 2;

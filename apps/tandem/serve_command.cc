@@ -10,7 +10,7 @@
 #include <functional>
 #include <thread>
 
-#include "cluster/conductor.h"
+#include "conductor/conductor.h"
 #include "cluster/supervisor.h"
 #include "common/logging.h"
 #include "engine/engine.h"
@@ -68,6 +68,20 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(0.0, 1e5))->capture_default_str();
   cmd->add_option("--http-threads", f.http_threads, "Connections served at once "
                   "(default: max-num-seqs + max-waiting + 16)")->check(CLI::Range(1, 100000));
+  // Scheduling of the disaggregated mode (ignored by --mode colocated).
+  cmd->add_option("--placement-policy", f.placement_policy,
+                  "random, load-balance, cache-aware, or cache-load (minimum predicted TTFT)")
+      ->check(CLI::IsMember({"random", "load-balance", "cache-aware", "cache-load"}))
+      ->capture_default_str();
+  cmd->add_option("--admission", f.admission, "SLO admission: none, early (reject on the predicted "
+                  "TTFT/TBT now), predictive (with the decode load when the prefill ends)")
+      ->check(CLI::IsMember({"none", "early", "predictive"}))->capture_default_str();
+  cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "TTFT SLO in ms (0: none; a request's "
+                  "'slo_ttft_ms' field overrides it)")->check(CLI::Range(0.0, 3.6e6))->capture_default_str();
+  cmd->add_option("--slo-tbt-ms", f.slo_tbt_ms, "Time-between-tokens SLO in ms (0: none; a request's "
+                  "'slo_tbt_ms' overrides it)")->check(CLI::Range(0.0, 3.6e6))->capture_default_str();
+  cmd->add_flag("!--no-local-prefill", f.local_prefill,
+                "Never compute a prompt on its decode worker (no conditional disaggregation)");
 }
 
 }  // namespace
@@ -91,6 +105,8 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
   cmd->add_option("--kv-transfer-timeout-s", f.kv_transfer_timeout_s,
                   "A KV push batch not landed this long after submission fails")
       ->check(CLI::Range(0.01, 1e5))->capture_default_str();
+  cmd->add_option("--cost-profile", f.cost_profile, "The workers' cost models: auto (saved profile "
+                  "or calibrate at start), calibrate, none, or a profile file")->capture_default_str();
   return cmd;
 }
 
@@ -261,10 +277,8 @@ int RunServe(const ServeFlags& f) {
   }
 
   // Disaggregated: a metadata service, worker processes under a supervisor, and the conductor.
-  std::vector<std::string> protocol_names;
-  std::string error;
-  if (!ParseProtocolList(f.transfer_protocols, &protocol_names, &error)) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
+  if (auto protocols = ParseProtocolList(f.transfer_protocols); !protocols.ok()) {
+    std::fprintf(stderr, "error: %s\n", protocols.status().message().c_str());
     return 2;
   }
   auto front = model::LoadTextFrontEnd(**file, config);
@@ -294,12 +308,17 @@ int RunServe(const ServeFlags& f) {
     std::fprintf(stderr, "error: %s\n", metadata.status().ToString().c_str());
     return 1;
   }
-  cluster::ConductorOptions co;
+  conductor::ConductorOptions co;
   co.metadata = *metadata;
+  co.placement = *conductor::ParsePlacementPolicy(f.placement_policy);  // checked by the flag
+  co.admission = *conductor::ParseAdmissionPolicy(f.admission);
+  co.local_prefill = f.local_prefill;
+  co.slo_ttft_s = f.slo_ttft_ms / 1000.0;
+  co.slo_tbt_s = f.slo_tbt_ms / 1000.0;
   co.vocab_size = config.vocab_size;
   co.max_model_len = max_model_len;
   co.max_inflight = std::max(1, f.max_num_seqs * f.decode_workers + f.max_waiting);
-  auto conductor = cluster::Conductor::Start(co);
+  auto conductor = conductor::Conductor::Start(co);
   if (!conductor.ok()) {
     std::fprintf(stderr, "error: %s\n", conductor.status().ToString().c_str());
     return 1;
@@ -309,7 +328,7 @@ int RunServe(const ServeFlags& f) {
       f.threads_per_worker > 0 ? f.threads_per_worker : std::max(1, threads / n_workers);
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  cluster::Conductor* conductor_ptr = conductor->get();
+  conductor::Conductor* conductor_ptr = conductor->get();
   cluster::Supervisor supervisor([conductor_ptr](const std::string& name, const std::string&) {
     conductor_ptr->CountWorkerRestart(name.rfind("prefill", 0) == 0 ? cluster::Role::kPrefill
                                                                     : cluster::Role::kDecode);
@@ -328,7 +347,8 @@ int RunServe(const ServeFlags& f) {
                  "--max-waiting", std::to_string(f.max_waiting),
                  "--transfer-protocols", f.transfer_protocols,
                  "--drain-timeout-s", std::to_string(f.drain_timeout_s),
-                 "--kv-transfer-timeout-s", std::to_string(f.kv_transfer_timeout_s)};
+                 "--kv-transfer-timeout-s", std::to_string(f.kv_transfer_timeout_s),
+                 "--cost-profile", f.cost_profile};
     return supervisor.Start(spec);
   };
   const int prefill_workers = f.spawn_workers ? f.prefill_workers : 0;

@@ -39,6 +39,13 @@ struct ServeFlags {
   std::string transfer_protocols = "shm,tcp";
   double kv_transfer_timeout_s = 10;
   bool spawn_workers = true;      // false for `tandem conductor`: workers run elsewhere
+  // The conductor's scheduling (conductor/policy/placement.h).
+  std::string placement_policy = "cache-load";
+  std::string admission = "predictive";
+  bool local_prefill = true;      // conditional disaggregation
+  double slo_ttft_ms = 0;         // 0: none (a request may set its own)
+  double slo_tbt_ms = 0;
+  std::string cost_profile = "auto";  // the workers' cost models (`tandem worker --cost-profile`)
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.

@@ -290,8 +290,7 @@ class SpawnedTarget {
     }
     close(out[0]);
     if (line.rfind("READY ", 0) != 0) {
-      return Status(StatusCode::kUnavailable,
-                    "the loopback target did not start (see its messages above)");
+      return Unavailable("the loopback target did not start (see its messages above)");
     }
     return OkStatus();
   }

@@ -9,28 +9,26 @@
 #include <sstream>
 #include <thread>
 
+#include "cluster/calibration.h"
 #include "cluster/worker.h"
+#include "engine/engine.h"
 #include "common/logging.h"
 #include "generate_command.h"
 
 namespace tandem::app {
 
-bool ParseProtocolList(const std::string& text, std::vector<std::string>* names, std::string* error) {
+StatusOr<std::vector<std::string>> ParseProtocolList(const std::string& text) {
   std::stringstream in(text);
   std::string item;
-  names->clear();
+  std::vector<std::string> names;
   while (std::getline(in, item, ',')) {
     if (!transfer::ParseProtocol(item).ok()) {
-      *error = "unknown transfer protocol '" + item + "' (shm, tcp, ucx)";
-      return false;
+      return InvalidArgument("unknown transfer protocol '" + item + "' (shm, tcp, ucx)");
     }
-    names->push_back(item);
+    names.push_back(item);
   }
-  if (names->empty()) {
-    *error = "no transfer protocol given";
-    return false;
-  }
-  return true;
+  if (names.empty()) return InvalidArgument("no transfer protocol given");
+  return names;
 }
 
 CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& f) {
@@ -61,7 +59,59 @@ CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& f) {
       ->check(CLI::Range(0.01, 1e5))->capture_default_str();
   cmd->add_option("--drain-timeout-s", f.drain_timeout_s, "On SIGTERM, time given to requests in flight")
       ->check(CLI::Range(0.0, 1e5))->capture_default_str();
+  cmd->add_option("--cost-profile", f.cost_profile,
+                  "Cost model published for the conductor: auto (the saved profile for this model, "
+                  "threads and CPU, else calibrate and save), calibrate, none, or a profile file")
+      ->capture_default_str();
   return cmd;
+}
+
+CLI::App* AddProfileCommand(CLI::App& app, ProfileFlags& f) {
+  CLI::App* cmd = app.add_subcommand(
+      "profile", "Measure an engine's cost model (prefill and decode step times) into a profile");
+  cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
+  cmd->add_option("--threads", f.threads, "Engine threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--block-tokens", f.block_tokens, "Tokens per KV block")
+      ->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per forward step (prefill chunk)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity used while measuring")
+      ->check(CLI::Range(64, 1 << 26))->capture_default_str();
+  cmd->add_option("--out", f.out, "Profile file to write (default: where a worker with these "
+                  "settings looks for it)");
+  return cmd;
+}
+
+int RunProfile(const ProfileFlags& f) {
+  engine::EngineOptions eo;
+  eo.model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  eo.threads = f.threads;
+  eo.block_tokens = f.block_tokens;
+  eo.kv_capacity_tokens = f.kv_cache_tokens;
+  auto engine = engine::Engine::Load(eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "error: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  cluster::CalibrationOptions co;
+  co.max_batch_tokens = f.max_batch_tokens;
+  auto model = cluster::Calibrate(**engine, co);
+  if (!model.ok()) {
+    std::fprintf(stderr, "error: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  const std::string path = f.out.empty() ? cluster::DefaultProfilePath(**engine, co) : f.out;
+  if (path.empty()) {
+    std::printf("%s\n", model->ToJson().c_str());
+    return 0;
+  }
+  if (Status st = cluster::WriteProfile(*model, path); !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  std::printf("%s\n", model->ToJson().c_str());
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+  return 0;
 }
 
 int RunWorker(const WorkerFlags& f) {
@@ -88,14 +138,14 @@ int RunWorker(const WorkerFlags& f) {
   o.metadata_uri = f.metadata;
   o.kv_transfer_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(f.kv_transfer_timeout_s * 1000));
-  std::vector<std::string> names;
-  std::string error;
-  if (!ParseProtocolList(f.protocols, &names, &error)) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
+  o.cost_profile = f.cost_profile;
+  auto names = ParseProtocolList(f.protocols);
+  if (!names.ok()) {
+    std::fprintf(stderr, "error: %s\n", names.status().message().c_str());
     return 2;
   }
   o.protocols.clear();
-  for (const auto& n : names) o.protocols.push_back(*transfer::ParseProtocol(n));
+  for (const auto& n : *names) o.protocols.push_back(*transfer::ParseProtocol(n));
 
   auto worker = cluster::Worker::Start(o);
   if (!worker.ok()) {

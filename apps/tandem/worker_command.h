@@ -6,8 +6,11 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "common/status.h"
 
 namespace tandem::app {
 
@@ -27,12 +30,27 @@ struct WorkerFlags {
   std::string protocols = "shm,tcp";  // transfer protocols in order of preference
   double drain_timeout_s = 30;
   double kv_transfer_timeout_s = 10;  // a KV push batch not landed by then fails
+  std::string cost_profile = "auto";  // cluster/calibration.h LoadOrCalibrate
 };
+
+// `tandem profile`: measures the cost model of an engine configuration (what a worker would
+// publish) and writes it to a file, or prints it.
+struct ProfileFlags {
+  std::string model;
+  int threads = 1;
+  int block_tokens = 16;
+  int max_batch_tokens = 256;
+  int kv_cache_tokens = 16384;
+  std::string out;  // empty: the default profile path a worker with these settings loads
+};
+CLI::App* AddProfileCommand(CLI::App& app, ProfileFlags& flags);
+int RunProfile(const ProfileFlags& flags);
 
 CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& flags);
 int RunWorker(const WorkerFlags& flags);
 
-// Parses "shm,tcp" into transfer protocols (shared with serve).
-bool ParseProtocolList(const std::string& text, std::vector<std::string>* names, std::string* error);
+// Parses "shm,tcp" into transfer protocol names (shared with serve); InvalidArgument naming an
+// unknown one.
+StatusOr<std::vector<std::string>> ParseProtocolList(const std::string& text);
 
 }  // namespace tandem::app

@@ -19,7 +19,7 @@ KvPusher::KvPusher(transfer::TransferEngine* te, engine::PagedKvCache* kv,
       n_prompt_(n_prompt),
       deadline_(deadline),
       batch_timeout_(batch_timeout),
-      sent_upto_(kv->shape().n_layers, 0) {}
+      sent_upto_(kv->shape().n_layers, target_.skip_blocks * kv->shape().block_tokens) {}
 
 KvPusher::~KvPusher() { WaitAll(); }
 
@@ -34,6 +34,11 @@ Status KvPusher::CheckTarget(const engine::PagedKvCache& kv, const KvTarget& tar
         std::to_string(target.layer_slice_bytes) + "-byte slices) differs from this worker's (" +
         std::to_string(shape.n_layers) + ", " + std::to_string(shape.block_tokens) + ", " +
         std::to_string(kv.LayerSliceBytes()) + "): the workers must serve the same model");
+  }
+  if (target.skip_blocks < 0 || target.skip_blocks >= kv.BlocksFor(n_prompt)) {
+    return InvalidArgument("the reservation skips " + std::to_string(target.skip_blocks) +
+                           " blocks of a prompt of " + std::to_string(kv.BlocksFor(n_prompt)) +
+                           " (at least its last block must be written)");
   }
   if (static_cast<int64_t>(target.blocks.size()) < kv.BlocksFor(n_prompt)) {
     return InvalidArgument("the reservation holds " + std::to_string(target.blocks.size()) +

@@ -7,6 +7,7 @@
 // is sent again, whole, by the next chunk. The last layer of the last chunk is held back until
 // the first token is sampled: it is sent with the notification that tells the decode worker
 // the KV is complete and what the first token is, after every earlier batch has landed.
+// Blocks below target.skip_blocks are never sent: the decode side holds that prefix already.
 //
 // Thread-safety: OnLayerWritten and Finish run on the engine's loop thread.
 #pragma once

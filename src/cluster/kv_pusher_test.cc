@@ -63,86 +63,152 @@ class Collector : public serving::GenerationSink {
   std::promise<serving::FinishInfo> done_;
 };
 
-class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {};
+// A prefill and a decode engine on their own transfer engines (as two workers have them), and a
+// plain reference engine for the colocated output.
+class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
+ protected:
+  void SetUp() override {
+    auto meta = transfer::OpenMetadataStore("embedded:kv-pusher-test-" +
+                                            std::string(transfer::ProtocolName(GetParam())) + "-" +
+                                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(meta.ok());
+    auto make_te = [&](const std::string& name) {
+      transfer::TransferEngineOptions o;
+      o.local_name = name;
+      o.metadata = *meta;
+      o.protocols = {GetParam()};
+      auto te = transfer::TransferEngine::Create(o);
+      EXPECT_TRUE(te.ok()) << te.status().ToString();
+      return te.ok() ? std::move(*te) : nullptr;
+    };
+    prefill_te = make_te("prefill");
+    decode_te = make_te("decode");
+    ASSERT_TRUE(prefill_te && decode_te);
+    decode_te->SetNotificationHandler([&](const transfer::Notification& n) {
+      std::lock_guard<std::mutex> lock(mu);
+      notes.push_back(n.message);
+      cv.notify_all();
+    });
+    prefill_engine = LoadOn(prefill_te.get(), "prefill/kv");
+    decode_engine = LoadOn(decode_te.get(), "decode/kv");
+    reference_engine = LoadOn(nullptr, "");
+    ASSERT_TRUE(prefill_engine && decode_engine && reference_engine);
+    prefill = serving::MakeLocalBackend(prefill_engine.get(), {.max_batch_tokens = 40});
+    decode = serving::MakeLocalBackend(decode_engine.get(), {});
+    reference = serving::MakeLocalBackend(reference_engine.get(), {});
+    auto opened = prefill_te->OpenSegment("decode/kv");
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    segment = *opened;
+    EXPECT_EQ(*prefill_te->SegmentProtocol(segment), GetParam());
+  }
 
-TEST_P(KvPusherTest, PushedKvContinuesToTheColocatedOutput) {
-  auto meta = transfer::OpenMetadataStore("embedded:kv-pusher-test-" +
-                                          std::string(transfer::ProtocolName(GetParam())));
-  ASSERT_TRUE(meta.ok());
-  auto make_te = [&](const std::string& name) {
-    transfer::TransferEngineOptions o;
-    o.local_name = name;
-    o.metadata = *meta;
-    o.protocols = {GetParam()};
-    auto te = transfer::TransferEngine::Create(o);
-    EXPECT_TRUE(te.ok()) << te.status().ToString();
-    return te.ok() ? std::move(*te) : nullptr;
-  };
-  auto prefill_te = make_te("prefill");
-  auto decode_te = make_te("decode");
-  ASSERT_TRUE(prefill_te && decode_te);
+  void TearDown() override {
+    reference.reset();
+    decode.reset();
+    prefill.reset();
+  }
+
+  serving::GenerationRequest Request(const std::string& id, const std::string& text) {
+    serving::GenerationRequest req;
+    req.id = id;
+    req.prompt_tokens = prefill_engine->tokenizer().Encode(text, false, false);
+    req.max_tokens = 12;
+    req.ignore_eos = true;
+    return req;
+  }
+
+  // Prefill pushes `req`'s KV into `blocks` (the first skip_blocks not written), the decode
+  // side continues; returns the tokens, checked against the reference engine's. *bytes: KV sent.
+  std::vector<int32_t> HandOff(const serving::GenerationRequest& req, std::vector<int32_t> blocks,
+                               int skip_blocks, uint64_t* bytes) {
+    const int n_prompt = static_cast<int>(req.prompt_tokens.size());
+    KvTarget target{"decode/kv", std::move(blocks), 16, decode_engine->config().n_layers,
+                    decode_engine->kv().LayerSliceBytes(), "decode", skip_blocks};
+    EXPECT_TRUE(KvPusher::CheckTarget(prefill_engine->kv(), target, n_prompt).ok());
+    auto pusher = std::make_shared<KvPusher>(prefill_te.get(), &prefill_engine->kv(), segment,
+                                             target, n_prompt, Clock::now() + std::chrono::seconds(30));
+    auto first = req;
+    first.max_tokens = 1;
+    auto prefill_sink = std::make_shared<Collector>(pusher, req.id);
+    EXPECT_TRUE(prefill->SubmitObserved(first, prefill_sink, pusher).ok());
+    prefill_sink->Wait();
+    EXPECT_TRUE(prefill_sink->push_status_.ok()) << prefill_sink->push_status_.ToString();
+    *bytes = pusher->bytes_sent();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !notes.empty(); }));
+      if (!notes.empty()) {
+        const auto j = nlohmann::json::parse(notes.back());
+        EXPECT_EQ(j.at("id"), req.id);
+        EXPECT_EQ(j.at("first_token"), prefill_sink->tokens_.at(0));
+      }
+      notes.clear();
+    }
+    auto decode_sink = std::make_shared<Collector>();
+    EXPECT_TRUE(decode->SubmitPrefilled(req, prefill_sink->tokens_.at(0), decode_sink).ok());
+    decode_sink->Wait();
+    std::vector<int32_t> got = {prefill_sink->tokens_.at(0)};
+    got.insert(got.end(), decode_sink->tokens_.begin(), decode_sink->tokens_.end());
+    auto ref_sink = std::make_shared<Collector>();
+    EXPECT_TRUE(reference->Submit(req, ref_sink).ok());
+    ref_sink->Wait();
+    EXPECT_EQ(got, ref_sink->tokens_);
+    return got;
+  }
+
+  std::unique_ptr<transfer::TransferEngine> prefill_te, decode_te;
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::string> notes;
-  decode_te->SetNotificationHandler([&](const transfer::Notification& n) {
-    std::lock_guard<std::mutex> lock(mu);
-    notes.push_back(n.message);
-    cv.notify_all();
-  });
-  auto prefill_engine = LoadOn(prefill_te.get(), "prefill/kv");
-  auto decode_engine = LoadOn(decode_te.get(), "decode/kv");
-  auto reference_engine = LoadOn(nullptr, "");
-  ASSERT_TRUE(prefill_engine && decode_engine && reference_engine);
-  auto prefill = serving::MakeLocalBackend(prefill_engine.get(), {.max_batch_tokens = 40});
-  auto decode = serving::MakeLocalBackend(decode_engine.get(), {});
-  auto reference = serving::MakeLocalBackend(reference_engine.get(), {});
-  auto segment = prefill_te->OpenSegment("decode/kv");
-  ASSERT_TRUE(segment.ok()) << segment.status().ToString();
-  EXPECT_EQ(*prefill_te->SegmentProtocol(*segment), GetParam());
+  std::vector<std::string> notes;  // guarded by mu
+  std::unique_ptr<engine::Engine> prefill_engine, decode_engine, reference_engine;
+  std::unique_ptr<serving::LocalBackend> prefill, decode, reference;
+  transfer::SegmentHandle segment{};
+};
 
+std::string LongText() {
   std::string text;
   for (int i = 0; i < 10; ++i) text += "Line " + std::to_string(i) + " of a longer prompt. ";
-  serving::GenerationRequest req;
-  req.id = "req-1";
-  req.prompt_tokens = prefill_engine->tokenizer().Encode(text, false, false);
-  req.max_tokens = 12;
-  req.ignore_eos = true;
+  return text;
+}
+
+TEST_P(KvPusherTest, PushedKvContinuesToTheColocatedOutput) {
+  const auto req = Request("req-1", LongText());
   const int n_prompt = static_cast<int>(req.prompt_tokens.size());
   ASSERT_GT(n_prompt, 80);  // several 40-token prefill chunks, several blocks
-
   auto blocks = decode->ReserveBlocks(req.id, n_prompt + 1, Clock::now() + std::chrono::seconds(60));
   ASSERT_TRUE(blocks.ok());
-  KvTarget target{"decode/kv", *blocks, 16, decode_engine->config().n_layers,
-                  decode_engine->kv().LayerSliceBytes(), "decode"};
-  ASSERT_TRUE(KvPusher::CheckTarget(prefill_engine->kv(), target, n_prompt).ok());
-  auto pusher = std::make_shared<KvPusher>(prefill_te.get(), &prefill_engine->kv(), *segment, target,
-                                           n_prompt, Clock::now() + std::chrono::seconds(30));
-  auto first = req;
-  first.max_tokens = 1;
-  auto prefill_sink = std::make_shared<Collector>(pusher, req.id);
-  ASSERT_TRUE(prefill->SubmitObserved(first, prefill_sink, pusher).ok());
-  prefill_sink->Wait();
-  ASSERT_TRUE(prefill_sink->push_status_.ok()) << prefill_sink->push_status_.ToString();
+  uint64_t bytes = 0;
+  HandOff(req, *blocks, 0, &bytes);
   // Every layer of every prompt block went over, some blocks twice (chunk boundaries).
-  const uint64_t slices = static_cast<uint64_t>((n_prompt + 15) / 16) * target.n_layers;
-  EXPECT_GE(pusher->bytes_sent(), slices * target.layer_slice_bytes);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !notes.empty(); }));
-    const auto j = nlohmann::json::parse(notes[0]);
-    EXPECT_EQ(j.at("id"), "req-1");
-    EXPECT_EQ(j.at("first_token"), prefill_sink->tokens_[0]);
-  }
-  auto decode_sink = std::make_shared<Collector>();
-  ASSERT_TRUE(decode->SubmitPrefilled(req, prefill_sink->tokens_[0], decode_sink).ok());
-  decode_sink->Wait();
-  std::vector<int32_t> got = {prefill_sink->tokens_[0]};
-  got.insert(got.end(), decode_sink->tokens_.begin(), decode_sink->tokens_.end());
+  const uint64_t slices = static_cast<uint64_t>((n_prompt + 15) / 16) * decode_engine->config().n_layers;
+  EXPECT_GE(bytes, slices * decode_engine->kv().LayerSliceBytes());
+}
 
-  auto ref_sink = std::make_shared<Collector>();
-  ASSERT_TRUE(reference->Submit(req, ref_sink).ok());
-  ref_sink->Wait();
-  EXPECT_EQ(got, ref_sink->tokens_);
+TEST_P(KvPusherTest, OnlyTheBlocksTheDecodeSideLacksAreSent) {
+  // The first request leaves its prompt blocks in the decode side's prefix cache.
+  const auto a = Request("req-a", LongText());
+  const int n_a = static_cast<int>(a.prompt_tokens.size());
+  auto blocks = decode->ReserveBlocks(a.id, n_a + 1, Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(blocks.ok());
+  uint64_t full_bytes = 0;
+  HandOff(a, *blocks, 0, &full_bytes);
+  // The second shares that prefix: the decode side reserves only what it lacks.
+  const auto b = Request("req-b", LongText() + "And a different ending for the second request.");
+  const int n_b = static_cast<int>(b.prompt_tokens.size());
+  auto reserved = decode->ReservePrompt(b.id, b.prompt_tokens, n_b + 1,
+                                        Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  const int shared_blocks = n_a / 16;  // full blocks of a's prompt, all shared with b's
+  EXPECT_GE(reserved->cached_blocks, shared_blocks - 1);
+  ASSERT_GT(reserved->cached_blocks, 0);
+  uint64_t bytes = 0;
+  HandOff(b, reserved->blocks, reserved->cached_blocks, &bytes);
+  // Nothing below the skipped blocks went over: at most the rest of b's blocks (some twice,
+  // at most once per 40-token chunk boundary).
+  const uint64_t slice = decode_engine->kv().LayerSliceBytes() * decode_engine->config().n_layers;
+  const int rest = (n_b + 15) / 16 - reserved->cached_blocks;
+  EXPECT_LE(bytes, static_cast<uint64_t>(rest + n_b / 40 + 1) * slice);
+  EXPECT_LT(bytes, full_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Protocols, KvPusherTest,

@@ -37,7 +37,7 @@ engine::SamplingParams SamplingFrom(const json& j) {
 json TargetJson(const KvTarget& t) {
   return {{"segment", t.segment}, {"blocks", t.blocks}, {"block_tokens", t.block_tokens},
           {"n_layers", t.n_layers}, {"layer_slice_bytes", t.layer_slice_bytes},
-          {"decode_worker", t.decode_worker}};
+          {"decode_worker", t.decode_worker}, {"skip_blocks", t.skip_blocks}};
 }
 
 KvTarget TargetFrom(const json& j) {
@@ -48,6 +48,7 @@ KvTarget TargetFrom(const json& j) {
   t.n_layers = j.at("n_layers").get<int>();
   t.layer_slice_bytes = j.at("layer_slice_bytes").get<uint64_t>();
   t.decode_worker = j.value("decode_worker", "");
+  t.skip_blocks = j.value("skip_blocks", 0);
   return t;
 }
 
@@ -114,7 +115,8 @@ std::string WorkerInfo::ToJson() const {
   return json{{"name", name}, {"role", RoleName(role)}, {"host", host}, {"port", port},
               {"pid", pid}, {"kv_segment", kv_segment}, {"block_tokens", block_tokens},
               {"n_layers", n_layers}, {"layer_slice_bytes", layer_slice_bytes},
-              {"kv_blocks", kv_blocks}, {"model", model}, {"incarnation", incarnation}}
+              {"kv_blocks", kv_blocks}, {"model", model}, {"incarnation", incarnation},
+              {"max_batch_tokens", max_batch_tokens}, {"cost", json::parse(cost.ToJson())}}
       .dump();
 }
 
@@ -133,6 +135,11 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
     w.kv_blocks = j.value("kv_blocks", 0);
     w.model = j.value("model", "");
     w.incarnation = j.value("incarnation", int64_t{0});
+    w.max_batch_tokens = j.value("max_batch_tokens", 256);
+    if (j.contains("cost")) {
+      auto cost = conductor::CostModel::FromJson(j.at("cost").dump());
+      if (cost.ok()) w.cost = std::move(*cost);  // an unreadable profile: no predictions
+    }
     if (w.name.empty() || w.port <= 0 || w.port > 65535) {
       return InvalidArgument("worker info needs a name and a valid port");
     }
@@ -143,7 +150,7 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
 std::string WorkerStats::ToJson() const {
   return json{{"backend", StatsJson(backend)}, {"kv_bytes_pushed", kv_bytes_pushed},
               {"transfer_failures", transfer_failures}, {"transfer_timeouts", transfer_timeouts},
-              {"kv_wait_timeouts", kv_wait_timeouts}}
+              {"kv_wait_timeouts", kv_wait_timeouts}, {"cached_block_keys", cached_block_keys}}
       .dump();
 }
 
@@ -155,6 +162,9 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
     s.transfer_failures = j.value("transfer_failures", uint64_t{0});
     s.transfer_timeouts = j.value("transfer_timeouts", uint64_t{0});
     s.kv_wait_timeouts = j.value("kv_wait_timeouts", uint64_t{0});
+    if (j.contains("cached_block_keys")) {
+      s.cached_block_keys = j.at("cached_block_keys").get<std::vector<uint64_t>>();
+    }
     return s;
   });
 }
@@ -162,7 +172,8 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
 std::string DecodeCall::ToJson() const {
   return json{{"id", id}, {"prompt_tokens", prompt_tokens}, {"max_tokens", max_tokens},
               {"ignore_eos", ignore_eos}, {"sampling", SamplingJson(sampling)},
-              {"timeout_ms", timeout_ms}, {"kv_wait_ms", kv_wait_ms}, {"local", local}}
+              {"timeout_ms", timeout_ms}, {"kv_wait_ms", kv_wait_ms}, {"local", local},
+              {"reuse_prefix", reuse_prefix}}
       .dump();
 }
 
@@ -177,6 +188,7 @@ StatusOr<DecodeCall> DecodeCall::FromJson(const std::string& text) {
     c.timeout_ms = j.value("timeout_ms", int64_t{600000});
     c.kv_wait_ms = j.value("kv_wait_ms", int64_t{60000});
     c.local = j.value("local", false);
+    c.reuse_prefix = j.value("reuse_prefix", true);
     if (c.id.empty()) return InvalidArgument("decode call without an id");
     if (c.timeout_ms <= 0 || c.kv_wait_ms <= 0) {
       return InvalidArgument("decode call: timeouts must be positive");

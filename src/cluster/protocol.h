@@ -3,7 +3,7 @@
 //
 // Worker routes:
 //   GET  /health                      {"name", "role"}; 200 while serving
-//   GET  /stats                       WorkerStats
+//   GET  /stats                       WorkerStats (with the keys of its cached KV blocks)
 //   POST /v1/decode   DecodeCall  ->  a stream of newline-delimited DecodeEvents:
 //                                     "reserved" (unless local), then "token"..., then one
 //                                     "finish" or "error"
@@ -18,7 +18,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/sampler.h"
+#include "conductor/policy/cost_model.h"
+#include "engine/sampling_params.h"
 #include "serving/backend.h"
 
 namespace tandem::cluster {
@@ -47,6 +48,8 @@ struct WorkerInfo {
   int kv_blocks = 0;
   std::string model;         // file name of the model, to refuse mismatched pairs
   int64_t incarnation = 0;   // start time (ms since epoch): a restarted worker differs
+  int max_batch_tokens = 256;        // tokens per forward step (chunk of a local prefill)
+  conductor::CostModel cost;         // fitted at start or loaded; invalid: none
 
   std::string ToJson() const;
   static StatusOr<WorkerInfo> FromJson(const std::string& json);
@@ -58,6 +61,9 @@ struct WorkerStats {
   uint64_t transfer_failures = 0;    // batches that failed
   uint64_t transfer_timeouts = 0;    // batches that timed out
   uint64_t kv_wait_timeouts = 0;     // decode side: reservations whose KV never came
+  // Keys (serving/block_keys.h) of the KV blocks in the worker's prefix cache, in no order:
+  // the conductor's view of what each worker holds (cache-aware placement).
+  std::vector<uint64_t> cached_block_keys;
 
   std::string ToJson() const;
   static StatusOr<WorkerStats> FromJson(const std::string& json);
@@ -71,6 +77,8 @@ struct KvTarget {
   int n_layers = 0;
   uint64_t layer_slice_bytes = 0;
   std::string decode_worker;         // for logs and notifications
+  int skip_blocks = 0;               // the first skip_blocks hold the prompt's prefix already
+                                     // (the decode side's prefix cache): not to be written
 };
 
 struct DecodeCall {
@@ -81,6 +89,7 @@ struct DecodeCall {
   engine::SamplingParams sampling;
   int64_t timeout_ms = 600000;       // the request's remaining time
   int64_t kv_wait_ms = 60000;        // how long the reservation waits for its KV
+  bool reuse_prefix = true;          // reserve only the blocks the decode side's cache lacks
   bool local = false;                // compute the prompt here (no prefill worker)
 
   std::string ToJson() const;

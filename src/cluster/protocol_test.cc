@@ -52,7 +52,7 @@ TEST(ProtocolTest, MessagesRoundTrip) {
 
   DecodeEvent err;
   err.kind = DecodeEvent::Kind::kError;
-  err.error = Status(StatusCode::kDeadlineExceeded, "late");
+  err.error = DeadlineExceeded("late");
   auto e2 = DecodeEvent::FromJson(err.ToJson());
   ASSERT_TRUE(e2.ok());
   EXPECT_EQ(e2->error.code(), StatusCode::kDeadlineExceeded);

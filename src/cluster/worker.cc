@@ -14,10 +14,12 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "cluster/calibration.h"
 #include "cluster/kv_pusher.h"
 #include "common/logging.h"
 #include "engine/engine.h"
-#include "server/http_util.h"
+#include "common/http_status.h"
+#include "common/listen_backlog.h"
 #include "serving/local_backend.h"
 
 namespace tandem::cluster {
@@ -28,21 +30,8 @@ using nlohmann::json;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-int HttpStatusOf(const Status& st) {
-  switch (st.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange: return 400;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kFailedPrecondition: return 409;
-    case StatusCode::kResourceExhausted: return 429;
-    case StatusCode::kUnavailable: return 503;
-    case StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
-  }
-}
-
 void ReplyError(httplib::Response& res, const Status& st) {
-  res.status = HttpStatusOf(st);
+  res.status = HttpStatusFor(st.code());
   res.set_content(ErrorJson(st), "application/json");
 }
 
@@ -193,6 +182,17 @@ class WorkerImpl final : public Worker {
     so.max_batch_tokens = o.max_batch_tokens;
     so.max_waiting = o.max_waiting;
     so.enable_prefix_cache = o.enable_prefix_cache;
+    CalibrationOptions cal;
+    cal.max_batch_tokens = o.max_batch_tokens;
+    auto cost = LoadOrCalibrate(*engine_, o.cost_profile, cal);
+    if (!cost.ok()) {
+      if (o.cost_profile != "auto" && o.cost_profile != "calibrate") return cost.status();
+      log_->warn("no cost model (the conductor places this worker by load only): {}",
+                 cost.status().ToString());
+    } else {
+      info_.cost = std::move(*cost);
+    }
+    info_.max_batch_tokens = o.max_batch_tokens;
     backend_ = serving::MakeLocalBackend(engine_.get(), so);
 
     auto& kv = engine_->kv();
@@ -223,7 +223,7 @@ class WorkerImpl final : public Worker {
       }
       port_ = o.port;
     }
-    server::WidenListenBacklog(port_);
+    WidenListenBacklog(port_);
     info_.port = port_;
     handoff_thread_ = std::thread([this] { HandoffLoop(); });
     TANDEM_RETURN_IF_ERROR(metadata_->Put(std::string(kWorkersPrefix) + o.name, info_.ToJson()));
@@ -244,8 +244,6 @@ class WorkerImpl final : public Worker {
   }
 
  private:
-  static Status Unavailable(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
-
   void Routes() {
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(json{{"name", info_.name}, {"role", RoleName(info_.role)}}.dump(),
@@ -258,6 +256,7 @@ class WorkerImpl final : public Worker {
       s.transfer_failures = transfer_failures_.load();
       s.transfer_timeouts = transfer_timeouts_.load();
       s.kv_wait_timeouts = kv_wait_timeouts_.load();
+      s.cached_block_keys = backend_->CachedBlockKeys();
       res.set_content(s.ToJson(), "application/json");
     });
     http_.Post("/v1/prefill", [this](const httplib::Request& req, httplib::Response& res) {
@@ -273,7 +272,7 @@ class WorkerImpl final : public Worker {
       } catch (const std::exception& e) {
         return ReplyError(res, InvalidArgument(std::string("cancel: ") + e.what()));
       }
-      CancelPending(id, Status(StatusCode::kCancelled, "cancelled by the conductor"));
+      CancelPending(id, Cancelled("cancelled by the conductor"));
       res.set_content("{}", "application/json");
     });
   }
@@ -331,13 +330,13 @@ class WorkerImpl final : public Worker {
     }
     // The backend finishes every request by its deadline; the slack covers the last step.
     if (finished.wait_until(deadline + std::chrono::seconds(10)) != std::future_status::ready) {
-      return ReplyError(res, Status(StatusCode::kDeadlineExceeded, "prefill did not finish in time"));
+      return ReplyError(res, DeadlineExceeded("prefill did not finish in time"));
     }
     const serving::FinishInfo info = finished.get();
     kv_bytes_pushed_.fetch_add(pusher->bytes_sent());
     if (info.completion_tokens < 1) {
       return ReplyError(res, info.reason == serving::FinishReason::kTimeout
-                                 ? Status(StatusCode::kDeadlineExceeded, "prefill: " + info.message)
+                                 ? DeadlineExceeded("prefill: " + info.message)
                                  : Internal("prefill failed: " + info.message));
     }
     if (!sink->push_status().ok()) {
@@ -393,12 +392,20 @@ class WorkerImpl final : public Worker {
       const Clock::time_point kv_deadline =
           std::min(g.deadline, now + std::chrono::milliseconds(call->kv_wait_ms));
       const int n_prompt = static_cast<int>(g.prompt_tokens.size());
-      auto blocks = backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline);
-      if (!blocks.ok()) return ReplyError(res, blocks.status());
+      // Only the blocks its prefix cache lacks are written by the prefill side.
+      auto got = call->reuse_prefix
+                     ? backend_->ReservePrompt(g.id, g.prompt_tokens, n_prompt + 1, kv_deadline)
+                     : [&]() -> StatusOr<serving::LocalBackend::Reserved> {
+                         TANDEM_ASSIGN_OR_RETURN(auto blocks,
+                                                 backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline));
+                         return serving::LocalBackend::Reserved{std::move(blocks), 0};
+                       }();
+      if (!got.ok()) return ReplyError(res, got.status());
       DecodeEvent reserved;
       reserved.kind = DecodeEvent::Kind::kReserved;
       reserved.reserved.segment = segment_name_;
-      reserved.reserved.blocks = *blocks;
+      reserved.reserved.blocks = std::move(got->blocks);
+      reserved.reserved.skip_blocks = got->cached_blocks;
       reserved.reserved.block_tokens = info_.block_tokens;
       reserved.reserved.n_layers = info_.n_layers;
       reserved.reserved.layer_slice_bytes = info_.layer_slice_bytes;
@@ -437,7 +444,7 @@ class WorkerImpl final : public Worker {
 
   void OnClientGone(const std::string& id, DecodeStream& stream) {
     stream.MarkClientGone();  // the sink cancels the running sequence at its next token
-    CancelPending(id, Status(StatusCode::kCancelled, "the conductor went away"));
+    CancelPending(id, Cancelled("the conductor went away"));
   }
 
   // Frees the reservation of a request still waiting for its KV.
@@ -465,7 +472,7 @@ class WorkerImpl final : public Worker {
     }
     kv_wait_timeouts_.fetch_add(1);
     log_->warn("{}: its KV did not arrive in time; reservation freed", id);
-    CancelPending(id, Status(StatusCode::kDeadlineExceeded, "the KV cache did not arrive in time"));
+    CancelPending(id, DeadlineExceeded("the KV cache did not arrive in time"));
   }
 
   // Transfer-engine thread: queue the hand-off, never block here.

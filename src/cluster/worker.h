@@ -37,6 +37,9 @@ struct WorkerOptions {
   // A KV push batch that has not landed this long after it was submitted fails (counted in
   // transfer_timeouts); the prefill then fails and the conductor retries elsewhere.
   std::chrono::milliseconds kv_transfer_timeout{10000};
+  // The cost model published for the conductor's predictions (calibration.h LoadOrCalibrate):
+  // "auto", "calibrate", "none" or a profile file.
+  std::string cost_profile = "auto";
 };
 
 class Worker {

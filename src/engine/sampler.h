@@ -11,19 +11,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/sampling_params.h"
 
 namespace tandem::engine {
-
-struct SamplingParams {
-  float temperature = 0.0f;
-  int top_k = 0;        // 0: off
-  float top_p = 1.0f;   // 1: off
-  float min_p = 0.0f;   // 0: off
-  uint64_t seed = 0;
-
-  // InvalidArgument naming the bad field (negative temperature, top_p outside (0, 1], ...).
-  Status Validate() const;
-};
 
 // One per sequence; not thread-safe.
 class Sampler {

@@ -10,6 +10,7 @@
 
 #include <httplib.h>
 
+#include "common/listen_backlog.h"
 #include "common/logging.h"
 #include "server/http_util.h"
 #include "server/openai_request.h"
@@ -67,7 +68,7 @@ class HttpServer::Impl {
       }
       port_ = options_.port;
     }
-    WidenListenBacklog(port_);
+    tandem::WidenListenBacklog(port_);
     return OkStatus();
   }
 
@@ -266,6 +267,8 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
   g.max_tokens = max_tokens;
   g.sampling = parsed.sampling;
   g.ignore_eos = parsed.ignore_eos;
+  g.slo_ttft_seconds = parsed.slo_ttft_ms / 1000.0;
+  g.slo_tbt_seconds = parsed.slo_tbt_ms / 1000.0;
   g.arrival = arrival;
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.request_timeout_s));
@@ -297,6 +300,9 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
     const ApiError e = SubmitError(st, &outcome);
     metrics_->CountOutcome(outcome);
     log_->info("{} rejected: {}", ctx.id, st.ToString());
+    if (e.status == 429) {
+      res.set_header("Retry-After", std::to_string(std::max(1, backend_->RetryAfterSeconds())));
+    }
     SendError(res, e);
     return;
   }

@@ -1,5 +1,5 @@
 // Small pieces of the HTTP front door kept apart from the server for testing: status and error
-// mappings, bearer-token comparison, and a socket workaround for Debian's cpp-httplib.
+// mappings and bearer-token comparison.
 #pragma once
 
 #include <string>
@@ -25,10 +25,5 @@ ApiError SubmitError(const Status& st, Outcome* outcome);
 // Compares in time independent of where the strings differ (API keys).
 bool ConstantTimeEquals(const std::string& a, const std::string& b);
 
-// Debian's cpp-httplib 0.11.4 listens with a backlog of 5 (compiled in), so a burst of new
-// connections (32 clients starting at once) overflows the accept queue and clients stall or
-// fail. Linux lets listen() be called again on a listening socket to change its backlog: this
-// finds the process's listening socket bound to `port` (via /proc/self/fd) and widens it.
-void WidenListenBacklog(int port);
 
 }  // namespace tandem::server

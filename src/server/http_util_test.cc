@@ -1,4 +1,5 @@
 #include "server/http_util.h"
+#include "common/listen_backlog.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

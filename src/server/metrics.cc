@@ -228,6 +228,14 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
     }
     w.Family(name, counter ? "counter" : "gauge", help, samples);
   }
+  for (const auto& h : stats.extra_histograms) {
+    Histogram::Snapshot snap;
+    snap.upper_bounds = h.upper_bounds;
+    snap.cumulative = h.cumulative;
+    snap.sum = h.sum;
+    snap.count = h.count;
+    w.Histogram(h.name, h.help, snap);
+  }
   return w.text();
 }
 

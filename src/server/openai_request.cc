@@ -328,6 +328,12 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     if (auto e = ParseStop(body, &out->stop)) return e;
     if (auto e = GetBool(body, "stream", &out->stream)) return e;
     if (auto e = GetBool(body, "ignore_eos", &out->ignore_eos)) return e;
+    for (auto [field, target] : {std::pair{"slo_ttft_ms", &out->slo_ttft_ms},
+                                 std::pair{"slo_tbt_ms", &out->slo_tbt_ms}}) {
+      std::optional<double> ms;
+      if (auto e = GetNumber(body, field, 0.0, 3.6e6, &ms)) return e;
+      if (ms) *target = *ms;
+    }
     if (const json* so = Field(body, "stream_options")) {
       if (!out->stream) {
         return ApiError::BadRequest("'stream_options' is only allowed when 'stream' is true",

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/sampler.h"
+#include "engine/sampling_params.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "server/api_error.h"
@@ -39,6 +39,9 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;                 // stream_options.include_usage
   bool ignore_eos = false;                    // extension (benchmarks)
+  // Extensions: this request's SLOs in milliseconds (0: the server's --slo-ttft-ms/--slo-tbt-ms).
+  double slo_ttft_ms = 0;
+  double slo_tbt_ms = 0;
 };
 
 // Parses `body` for `endpoint`. On failure returns the error; `out` is then unspecified.

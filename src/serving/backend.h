@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "engine/sampler.h"
+#include "engine/sampling_params.h"
 
 namespace tandem::serving {
 
@@ -25,9 +25,17 @@ struct GenerationRequest {
   int max_tokens = 16;                 // >= 1
   engine::SamplingParams sampling;
   bool ignore_eos = false;
+  // Service-level objectives of this request (0: the server's defaults, if any). The conductor
+  // rejects a request it predicts would miss them, and counts those it misses.
+  double slo_ttft_seconds = 0;  // time to first token
+  double slo_tbt_seconds = 0;   // time between tokens (mean over the stream)
   Clock::time_point arrival = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();  // the request fails after this
 };
+
+// FinishInfo::message of a request that ran out of its own time (its deadline), as opposed to a
+// shorter limit inside it.
+inline constexpr const char* kRequestDeadlinePassed = "the request deadline passed";
 
 enum class FinishReason { kStop, kLength, kCancelled, kError, kTimeout };
 const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled", "error", "timeout"
@@ -68,6 +76,16 @@ struct ExtraMetric {
   double value = 0;
 };
 
+// A backend-specific histogram exposed as it is in /metrics (cumulative buckets, +Inf implied).
+struct ExtraHistogram {
+  std::string name;                   // Prometheus name, "tandem_..."
+  std::string help;
+  std::vector<double> upper_bounds;   // ascending
+  std::vector<uint64_t> cumulative;   // per bound: observations <= it
+  double sum = 0;
+  uint64_t count = 0;
+};
+
 struct BackendStats {
   int running = 0;
   int waiting = 0;
@@ -81,6 +99,7 @@ struct BackendStats {
   int reserved_blocks = 0;              // decode side: held for KV being transferred in
   int64_t reservations_expired = 0;     // cumulative: reserved, never claimed, freed
   std::vector<ExtraMetric> extra;       // samples of one name are grouped into one family
+  std::vector<ExtraHistogram> extra_histograms;
 };
 
 // The checks every backend makes at Submit: a non-empty prompt of token ids in [0, vocab_size),
@@ -99,6 +118,9 @@ class GenerationBackend {
   // Stops accepting; requests already queued run to completion until `deadline`, then are
   // finished with kCancelled. Returns when all sinks got OnFinish.
   virtual void Drain(Clock::time_point deadline) = 0;
+  // After Submit refused a request with ResourceExhausted: seconds after which trying again
+  // may succeed (the HTTP Retry-After header of the 429).
+  virtual int RetryAfterSeconds() const { return 1; }
 };
 
 }  // namespace tandem::serving

@@ -92,21 +92,18 @@ class LocalBackendImpl final : public LocalBackend {
 
   StatusOr<std::vector<int32_t>> ReserveBlocks(const std::string& id, int n_tokens,
                                                Clock::time_point expires) override {
-    if (id.empty()) return InvalidArgument("a reservation needs an id");
-    if (n_tokens < 1) return InvalidArgument("a reservation needs at least one token");
-    if (kv_.BlocksFor(n_tokens) > kv_.num_blocks()) {
-      return OutOfRange(std::to_string(n_tokens) + " tokens exceed the KV cache (" +
-                        std::to_string(int64_t{kv_.num_blocks()} * block_tokens_) + " tokens)");
-    }
-    return RunOnLoop<std::vector<int32_t>>([=, this]() -> StatusOr<std::vector<int32_t>> {
-      if (reservations_.count(id)) return InvalidArgument("'" + id + "' is already reserved");
-      const int need = kv_.BlocksFor(n_tokens);
-      if (kv_.num_free() < need) prefix_cache_.Evict(need - kv_.num_free());
-      auto got = kv_.Allocate(need);
-      if (!got.ok()) return got.status();
-      reservations_[id] = Reservation{*got, expires};
-      return *got;
-    });
+    TANDEM_ASSIGN_OR_RETURN(Reserved r, Reserve(id, {}, n_tokens, expires));
+    return std::move(r.blocks);
+  }
+
+  StatusOr<Reserved> ReservePrompt(const std::string& id, std::span<const int32_t> prompt,
+                                   int n_tokens, Clock::time_point expires) override {
+    return Reserve(id, std::vector<int32_t>(prompt.begin(), prompt.end()), n_tokens, expires);
+  }
+
+  std::vector<uint64_t> CachedBlockKeys() const override {
+    std::lock_guard<std::mutex> lock(keys_mu_);
+    return cached_keys_;
   }
 
   Status SubmitPrefilled(GenerationRequest request, int32_t first_token,
@@ -158,6 +155,44 @@ class LocalBackendImpl final : public LocalBackend {
   }
 
  private:
+  // Reserves n_tokens positions under `id`, the first full blocks of `prompt` (if any) from
+  // the prefix cache.
+  StatusOr<Reserved> Reserve(const std::string& id, std::vector<int32_t> prompt, int n_tokens,
+                             Clock::time_point expires) {
+    if (id.empty()) return InvalidArgument("a reservation needs an id");
+    if (n_tokens < 1) return InvalidArgument("a reservation needs at least one token");
+    if (kv_.BlocksFor(n_tokens) > kv_.num_blocks()) {
+      return OutOfRange(std::to_string(n_tokens) + " tokens exceed the KV cache (" +
+                        std::to_string(int64_t{kv_.num_blocks()} * block_tokens_) + " tokens)");
+    }
+    return RunOnLoop<Reserved>([=, this, prompt = std::move(prompt)]() -> StatusOr<Reserved> {
+      if (reservations_.count(id)) return InvalidArgument("'" + id + "' is already reserved");
+      Reserved r;
+      if (options_.enable_prefix_cache && prompt.size() > 1) {
+        const int max_blocks = static_cast<int>((prompt.size() - 1) / block_tokens_);
+        const auto keys = PrefixCache::BlockKeys(
+            std::span(prompt).first(static_cast<size_t>(max_blocks) * block_tokens_), block_tokens_);
+        r.blocks = prefix_cache_.Match(keys, max_blocks);
+        r.cached_blocks = static_cast<int>(r.blocks.size());
+      }
+      const int need = kv_.BlocksFor(n_tokens) - r.cached_blocks;
+      if (need > 0) {
+        if (kv_.num_free() < need) prefix_cache_.Evict(need - kv_.num_free());
+        auto got = kv_.Allocate(need);
+        if (!got.ok()) {
+          kv_.Release(r.blocks);
+          return ResourceExhausted("the KV cache has no room for the reservation now (" +
+                                   std::to_string(need) + " blocks wanted, " +
+                                   std::to_string(kv_.num_free()) + " free)");
+        }
+        r.blocks.insert(r.blocks.end(), got->begin(), got->end());
+      }
+      if (r.cached_blocks > 0) cache_hit_tokens_.fetch_add(int64_t{r.cached_blocks} * block_tokens_);
+      reservations_[id] = Reservation{r.blocks, expires};
+      return r;
+    });
+  }
+
   Status Validate(const GenerationRequest& request) const {
     const auto& cfg = engine_->config();
     TANDEM_RETURN_IF_ERROR(ValidateRequest(request, cfg.vocab_size, cfg.context_length));
@@ -214,7 +249,7 @@ class LocalBackendImpl final : public LocalBackend {
     }
     PostToLoop([promise, fn = std::move(fn)] { promise->set_value(fn()); });
     if (future.wait_for(kCommandWait) != std::future_status::ready) {
-      return Status(StatusCode::kUnavailable, "the engine loop did not answer in time");
+      return Unavailable("the engine loop did not answer in time");
     }
     return future.get();
   }
@@ -309,7 +344,7 @@ class LocalBackendImpl final : public LocalBackend {
     auto expire = [&](auto& list) {
       for (auto& s : list) {
         if (now >= s->req.deadline)
-          SetFinish(*s, FinishReason::kTimeout, "the request deadline passed");
+          SetFinish(*s, FinishReason::kTimeout, kRequestDeadlinePassed);
       }
     };
     expire(running_);
@@ -532,6 +567,11 @@ class LocalBackendImpl final : public LocalBackend {
 
   void PublishStats() {
     running_count_.store(static_cast<int>(running_.size()));
+    {
+      auto keys = prefix_cache_.Keys();
+      std::lock_guard<std::mutex> lock(keys_mu_);
+      cached_keys_ = std::move(keys);
+    }
     const int cached = prefix_cache_.UnsharedBlocks();
     kv_cached_.store(cached);
     kv_used_.store(kv_.num_blocks() - kv_.num_free() - cached);
@@ -574,6 +614,9 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int> reserved_blocks_{0};
   std::atomic<int64_t> reservations_expired_{0};
+
+  mutable std::mutex keys_mu_;
+  std::vector<uint64_t> cached_keys_;  // guarded by keys_mu_; the prefix cache's keys
 
   std::thread loop_;  // last: starts after every member above is constructed
 };

@@ -45,6 +45,19 @@ class LocalBackend : public GenerationBackend {
   // SubmitPrefilled, and counted in Stats().reservations_expired.
   virtual StatusOr<std::vector<int32_t>> ReserveBlocks(const std::string& id, int n_tokens,
                                                        Clock::time_point expires) = 0;
+  // Decode side, step 1 with prefix reuse: like ReserveBlocks for n_tokens positions of a
+  // sequence starting with `prompt`, but the leading full blocks of the prompt that the prefix
+  // cache holds are taken from it (at most (prompt.size() - 1) / block_tokens of them, so that
+  // at least one block is left to write). Returns the blocks and how many leading ones already
+  // hold the prompt's KV.
+  struct Reserved {
+    std::vector<int32_t> blocks;  // position order
+    int cached_blocks = 0;        // blocks[0, cached_blocks) hold the prefix already
+  };
+  virtual StatusOr<Reserved> ReservePrompt(const std::string& id, std::span<const int32_t> prompt,
+                                           int n_tokens, Clock::time_point expires) = 0;
+  // Keys of the blocks the prefix cache holds, as of the last step (thread-safe).
+  virtual std::vector<uint64_t> CachedBlockKeys() const = 0;
   // Decode side, step 2: the KV of request.prompt_tokens is in the blocks reserved under
   // request.id and `first_token` was sampled after it; continues generation from there. The
   // sink sees the tokens after first_token. NotFound if the reservation is gone.

@@ -1,6 +1,6 @@
 #include "serving/prefix_cache.h"
 
-#include <xxhash.h>
+#include "serving/block_keys.h"
 
 namespace tandem::serving {
 
@@ -12,13 +12,13 @@ PrefixCache::~PrefixCache() {
 
 std::vector<uint64_t> PrefixCache::BlockKeys(std::span<const int32_t> tokens, int block_tokens,
                                              uint64_t seed) {
-  std::vector<uint64_t> keys(tokens.size() / block_tokens);
-  uint64_t prev = seed;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    prev = XXH3_64bits_withSeed(tokens.data() + i * block_tokens, block_tokens * sizeof(int32_t),
-                                prev);
-    keys[i] = prev;
-  }
+  return serving::BlockKeys(tokens, block_tokens, seed);
+}
+
+std::vector<uint64_t> PrefixCache::Keys() const {
+  std::vector<uint64_t> keys;
+  keys.reserve(entries_.size());
+  for (const auto& [key, entry] : entries_) keys.push_back(key);
   return keys;
 }
 

@@ -2,8 +2,7 @@
 // tokens, so a new sequence can reuse the longest prefix already computed and compute only the
 // rest. Blocks held only by the cache are evicted least recently used first.
 //
-// Key of block i of a token sequence = XXH3-64(tokens of block i, seed = key of block i-1);
-// block 0 uses seed 0. Equal keys mean equal token prefixes (up to hash collisions, 2^-64).
+// Keys are the prefix hash chain of serving/block_keys.h.
 //
 // Thread-safety: not thread-safe; owned by the serving loop, like the KV cache it indexes.
 #pragma once
@@ -24,8 +23,7 @@ class PrefixCache {
   explicit PrefixCache(engine::PagedKvCache* kv);
   ~PrefixCache();  // releases the cache's references
 
-  // Keys of the full blocks of `tokens` (tokens.size() / block_tokens of them). To continue a
-  // chain, pass the key of the block before tokens[0] as `seed` (0 starts a sequence).
+  // serving::BlockKeys (block_keys.h).
   static std::vector<uint64_t> BlockKeys(std::span<const int32_t> tokens, int block_tokens,
                                          uint64_t seed = 0);
 
@@ -40,6 +38,9 @@ class PrefixCache {
   // Frees up to n blocks that only the cache still references, least recently used first.
   // Returns how many were freed.
   int Evict(int n);
+
+  // Every cached key, in no particular order (what the worker reports to the conductor).
+  std::vector<uint64_t> Keys() const;
 
   int cached_blocks() const { return static_cast<int>(entries_.size()); }
   // Cached blocks no sequence holds (evictable). O(cached blocks).

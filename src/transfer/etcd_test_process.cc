@@ -119,8 +119,7 @@ StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(int start_timeout_ms) 
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       etcd->pid_ = -1;
-      return Status(StatusCode::kUnavailable,
-                    "etcd exited during start-up; log:\n" + etcd->LogTail());
+      return Unavailable("etcd exited during start-up; log:\n" + etcd->LogTail());
     }
     httplib::Client probe("127.0.0.1", etcd->client_port_);
     probe.set_connection_timeout(std::chrono::milliseconds(200));
@@ -131,7 +130,7 @@ StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(int start_timeout_ms) 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return Status(StatusCode::kUnavailable, "etcd did not become healthy within " +
+  return Unavailable("etcd did not become healthy within " +
                                               std::to_string(start_timeout_ms) + " ms; log:\n" +
                                               etcd->LogTail());
 }

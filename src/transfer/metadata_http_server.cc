@@ -246,7 +246,7 @@ class HttpServerImpl final : public MetadataHttpServer {
       port_ = server_.bind_to_port(host, port) ? port : -1;
     }
     if (port_ <= 0) {
-      return internal::Unavailable("metadata server cannot listen on " + host + ":" +
+      return Unavailable("metadata server cannot listen on " + host + ":" +
                                    std::to_string(port));
     }
     // The socket already listens; connections queue until the thread accepts them.

@@ -21,10 +21,6 @@ StatusOr<std::shared_ptr<MetadataStore>> OpenHttpStore(const std::string& host, 
 StatusOr<std::shared_ptr<MetadataStore>> OpenEtcdStore(const std::string& host, int port,
                                                        const MetadataOptions& options);
 
-inline Status Unavailable(std::string message) {
-  return Status(StatusCode::kUnavailable, std::move(message));
-}
-
 // Standard base64 (RFC 4648, with '=' padding): keys and values travel base64-encoded in the
 // JSON of both remote protocols, so they may hold any bytes.
 std::string Base64Encode(const std::string& bytes);

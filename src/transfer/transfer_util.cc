@@ -43,16 +43,6 @@ Status ErrnoStatus(const std::string& what, int err) {
   return Status(code, what + ": " + std::strerror(err));
 }
 
-Status DeadlineExceeded(std::string message) {
-  return Status(StatusCode::kDeadlineExceeded, std::move(message));
-}
-Status Unavailable(std::string message) {
-  return Status(StatusCode::kUnavailable, std::move(message));
-}
-Status Cancelled(std::string message) {
-  return Status(StatusCode::kCancelled, std::move(message));
-}
-
 StatusOr<std::string> ReadHostId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;

@@ -69,9 +69,6 @@ class Mapping {
 
 // Status from errno: "<what>: <strerror(err)>" with a code matching the error class.
 Status ErrnoStatus(const std::string& what, int err);
-Status DeadlineExceeded(std::string message);
-Status Unavailable(std::string message);
-Status Cancelled(std::string message);
 
 // The boot id of this host (/proc/sys/kernel/random/boot_id), trimmed. Two processes may share
 // memory through /proc/<pid>/fd only when their host ids are equal.

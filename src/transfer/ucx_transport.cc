@@ -165,7 +165,7 @@ class UcxTransport : public Transport {
                                        shared_done] {
       w->StartOp(write, peer, rkey, remote, local, length, deadline, std::move(*shared_done));
     });
-    if (!queued) (*shared_done)(Status(StatusCode::kCancelled, "ucx transport is stopped"));
+    if (!queued) (*shared_done)(Cancelled("ucx transport is stopped"));
   }
 
  private:

@@ -151,7 +151,7 @@ Status UcxWorker::WaitConnected(Endpoint* e, std::chrono::milliseconds timeout) 
   }
   if (!wait->done) {
     // `wait` stays allocated: UCX may still complete the flush.
-    return Status(StatusCode::kUnavailable, "ucx peer did not complete the connection in time");
+    return Unavailable("ucx peer did not complete the connection in time");
   }
   const ucs_status_t st = wait->status;
   delete wait;
@@ -217,7 +217,7 @@ void UcxWorker::OnClosed(Endpoint* e) {
   // UCX is done with every request of the endpoint: report those whose completions it dropped.
   std::vector<Op*> ops(e->ops.begin(), e->ops.end());
   for (Op* op : ops) {
-    Finish(op, op->status.ok() ? Status(StatusCode::kCancelled, "ucx endpoint closed")
+    Finish(op, op->status.ok() ? Cancelled("ucx endpoint closed")
                                : op->status);
     all_ops_.erase(op);
     orphans_.insert(op);

@@ -186,11 +186,11 @@ StatusOr<T> UcxWorker::Call(std::function<StatusOr<T>()> fn) {
   auto promise = std::make_shared<std::promise<StatusOr<T>>>();
   std::future<StatusOr<T>> result = promise->get_future();
   if (!Post([promise, fn = std::move(fn)] { promise->set_value(fn()); })) {
-    return Status(StatusCode::kCancelled, "ucx transport is stopped");
+    return Cancelled("ucx transport is stopped");
   }
   if (result.wait_for(std::chrono::milliseconds(options_.open_timeout_ms)) !=
       std::future_status::ready) {
-    return Status(StatusCode::kDeadlineExceeded, "ucx progress thread did not answer in time");
+    return DeadlineExceeded("ucx progress thread did not answer in time");
   }
   return result.get();
 }

@@ -237,17 +237,16 @@ void UcxWorker::StartOp(bool write, uint64_t peer_id, uint64_t rkey_id, uint64_t
                         void* local, uint64_t length, Clock::time_point deadline,
                         CompletionCallback done) {
   if (Stopping()) {
-    done(Status(StatusCode::kCancelled, "ucx transport is shutting down"));
+    done(Cancelled("ucx transport is shutting down"));
     return;
   }
   auto it = peers_.find(peer_id);
   if (it == peers_.end() || it->second->failed) {
-    done(Status(StatusCode::kUnavailable,
-                it == peers_.end() ? std::string("ucx peer is gone") : it->second->error.message()));
+    done(Unavailable(it == peers_.end() ? std::string("ucx peer is gone") : it->second->error.message()));
     return;
   }
   if (Clock::now() >= deadline) {
-    done(Status(StatusCode::kDeadlineExceeded, "ucx request reached its deadline before start"));
+    done(DeadlineExceeded("ucx request reached its deadline before start"));
     return;
   }
   auto endpoint = CurrentEndpoint(it->second.get());
@@ -368,7 +367,7 @@ void UcxWorker::CheckDeadlines(Clock::time_point now) {
   for (Op* op : all_ops_) {
     if (op->done && op->deadline <= now && !op->endpoint->closing) {
       if (op->status.ok()) {
-        op->status = Status(StatusCode::kDeadlineExceeded, "ucx request passed its deadline");
+        op->status = DeadlineExceeded("ucx request passed its deadline");
       }
       late.push_back(op->endpoint);
     }
@@ -376,15 +375,14 @@ void UcxWorker::CheckDeadlines(Clock::time_point now) {
   // RMA cannot be cancelled one request at a time: closing the endpoint is what guarantees UCX
   // lets go of the buffers. Its other requests fail too; the next request opens a new endpoint.
   for (Endpoint* e : late) {
-    Reset(e, Status(StatusCode::kUnavailable,
-                    "ucx endpoint reset: another request on it passed its deadline"));
+    Reset(e, Unavailable("ucx endpoint reset: another request on it passed its deadline"));
   }
 }
 
 void UcxWorker::Shutdown() {
   for (auto& [id, peer] : peers_) {
     if (peer->current != nullptr) {
-      Reset(peer->current.get(), Status(StatusCode::kCancelled, "ucx transport shut down"));
+      Reset(peer->current.get(), Cancelled("ucx transport shut down"));
     }
   }
   const auto until = Clock::now() + std::chrono::seconds(2);
@@ -392,7 +390,7 @@ void UcxWorker::Shutdown() {
     ucp_worker_progress(worker_);
   }
   std::vector<Op*> ops(all_ops_.begin(), all_ops_.end());
-  for (Op* op : ops) Finish(op, Status(StatusCode::kCancelled, "ucx transport shut down"));
+  for (Op* op : ops) Finish(op, Cancelled("ucx transport shut down"));
   peers_.clear();
   peer_ids_.clear();
   for (auto& [base, region] : regions_) ucp_mem_unmap(context_, region.memh);

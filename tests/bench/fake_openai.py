@@ -3,10 +3,13 @@ the benchmark client measures.
 
 Each streamed completion sends its first token `ttft_ms` after the request was read, then one
 token per gap of `gaps_ms` (cycled), on an absolute schedule so that delays do not accumulate.
-Special max_tokens values inject faults: `reject_tokens` -> HTTP 503, `short_tokens` -> stops
+Special max_tokens values inject faults: `reject_tokens` -> HTTP `reject_status` (503 unless
+set; 429 comes with Retry-After, as an admission-control rejection), `short_tokens` -> stops
 after 2 tokens (as a server ignoring ignore_eos would), `hang_tokens` -> never answers in time.
 `serial` makes requests run one at a time (a server with capacity 1). Every request is logged
-with its arrival time (time.perf_counter) and body.
+with its arrival time (time.perf_counter) and body. Hooks for a fake `tandem serve`: `admit(body)`
+returning an HTTP status rejects the request with it (429 with Retry-After), and `metrics()`
+gives the text of GET /metrics.
 """
 import json
 import threading
@@ -16,18 +19,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeConfig:
     def __init__(self, ttft_ms=200.0, gaps_ms=(30.0,), reject_tokens=None, short_tokens=None,
-                 hang_tokens=None, serial=False):
+                 hang_tokens=None, serial=False, reject_status=503):
         self.ttft_ms = ttft_ms
         self.gaps_ms = list(gaps_ms)
         self.reject_tokens = reject_tokens
         self.short_tokens = short_tokens
         self.hang_tokens = hang_tokens
         self.serial = serial
+        self.reject_status = reject_status
 
 
 class FakeServer:
-    def __init__(self, config):
+    def __init__(self, config, port=0, admit=None, metrics=None):
         self.config = config
+        self.admit = admit
+        self.metrics = metrics
         self.log = []
         self.lock = threading.Lock()
         self.serial_lock = threading.Lock()
@@ -43,9 +49,14 @@ class FakeServer:
                 pass
 
             def do_GET(self):
-                body = json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
+                if self.path == "/metrics" and server.metrics is not None:
+                    body = server.metrics().encode()
+                    ctype = "text/plain; version=0.0.4"
+                else:
+                    body = json.dumps({"object": "list", "data": [{"id": "fake-model"}]}).encode()
+                    ctype = "application/json"
                 self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -68,7 +79,7 @@ class FakeServer:
                     with server.lock:
                         server.in_flight -= 1
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.base = f"http://127.0.0.1:{self.port}"
@@ -78,9 +89,14 @@ class FakeServer:
     def _answer(self, h, req, t0):
         cfg = self.config
         want = int(req.get("max_tokens", 16))
-        if want == cfg.reject_tokens:
+        status = self.admit(req) if self.admit is not None else None
+        if status is None and want == cfg.reject_tokens:
+            status = cfg.reject_status
+        if status is not None:
             body = b'{"error": {"message": "overloaded"}}'
-            h.send_response(503)
+            h.send_response(status)
+            if status == 429:
+                h.send_header("Retry-After", "1")
             h.send_header("Content-Type", "application/json")
             h.send_header("Content-Length", str(len(body)))
             h.end_headers()

@@ -3,6 +3,8 @@ metric checked against the known schedule), with injected failures, for syntheti
 a rate sweep, and against a real `tandem serve`.
 
 Environment: TANDEM_BIN (default build/tandem), TANDEM_SOURCE_DIR (default two levels up).
+Without a built tandem the benchmark script is run directly with this Python (the same program
+`tandem bench serve` runs), and the tests that need the real binary are skipped.
 """
 import json
 import math
@@ -27,11 +29,18 @@ from servebench import metrics, prompts  # noqa: E402
 TOL_MS = 30.0
 
 
+SCRIPT = os.path.join(SOURCE_DIR, "bench", "serving", "serve_bench.py")
+HAVE_BIN = os.access(BIN, os.X_OK)
+needs_bin = unittest.skipUnless(HAVE_BIN, f"no tandem binary at {BIN}")
+
+
 def bench(*args, timeout=240, env=None):
-    """Runs `tandem bench serve ARGS`; returns the CompletedProcess."""
+    """Runs `tandem bench serve ARGS` (or the script it runs, without a binary); returns the
+    CompletedProcess."""
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([BIN, "bench", "serve", *args, "--no-progress"], capture_output=True,
+    cmd = [BIN, "bench", "serve"] if HAVE_BIN else [sys.executable, SCRIPT]
+    return subprocess.run([*cmd, *args, "--no-progress"], capture_output=True,
                           text=True, timeout=timeout, env=e)
 
 
@@ -75,6 +84,35 @@ class PureFunctions(unittest.TestCase):
         p = prompts.trace_prompt([1, 2, 3], 70, 30)
         self.assertEqual(len(p.split()), 70)
         self.assertTrue(p.startswith(prompts.block_text("block-1", 30) + prompts.block_text("block-2", 30)))
+
+    def test_salted_blocks_keep_structure_and_differ_at_every_word(self):
+        base = prompts.block_text("block-7", 60)
+        self.assertEqual(prompts.block_text("block-7", 60, 0), base)
+        salted = {s: prompts.block_text("block-7", 60, s).split()
+                  for s in (1, 2, len(prompts.WORDS) - 1, len(prompts.WORDS), 3 * len(prompts.WORDS) + 5)}
+        for s, w in salted.items():
+            self.assertEqual(len(w), 60)
+            self.assertEqual(" ".join(w), prompts.block_text("block-7", 60, s).strip())  # deterministic
+            self.assertTrue(prompts.block_text("block-7", 90, s).startswith(" " + " ".join(w)))
+        # Salts 0 .. len(WORDS) - 1 differ at every word, the first one included.
+        for a in (0, 1, 2, len(prompts.WORDS) - 1):
+            for b in (0, 1, 2, len(prompts.WORDS) - 1):
+                if a < b:
+                    wa = prompts.block_text("block-7", 60, a).split()
+                    wb = prompts.block_text("block-7", 60, b).split()
+                    self.assertTrue(all(x != y for x, y in zip(wa, wb)), (a, b))
+        # Beyond the rotations the key changes: still not the unsalted or the rotated text.
+        self.assertNotEqual(salted[len(prompts.WORDS)], base.split())
+        self.assertNotEqual(salted[3 * len(prompts.WORDS) + 5], salted[1])
+        # A salted trace prompt keeps the block structure of its ids.
+        p1 = prompts.trace_prompt([1, 2, 3], 70, 30, salt=4)
+        p2 = prompts.trace_prompt([1, 2, 9], 70, 30, salt=4)
+        self.assertEqual(len(p1.split()), 70)
+        self.assertEqual(p1.split()[:60], p2.split()[:60])
+        self.assertNotEqual(p1.split()[60:], p2.split()[60:])
+        self.assertNotEqual(p1.split()[0], prompts.trace_prompt([1, 2, 3], 70, 30).split()[0])
+        with self.assertRaises(ValueError):
+            prompts.block_text("x", 3, -1)
 
 
     def test_retime_keeps_gaps_or_spreads_simultaneous_requests(self):
@@ -246,6 +284,82 @@ class AgainstFakeServer(unittest.TestCase):
         self.assertEqual(sorted(len(g) for g in groups.values()), [4, 5])
         self.assertEqual(len({tuple(w[40:]) for w in words}), 9)
 
+    def test_http_429_counts_as_rejected(self):
+        srv = self.start(ttft_ms=10.0, gaps_ms=[5.0], reject_tokens=3, reject_status=429)
+        trace = os.path.join(self.dir, "trace.jsonl")
+        write_trace(trace, [(0, 40, 3, [1]), (0, 40, 4, [2]), (0, 40, 3, [3])])
+        out = os.path.join(self.dir, "run")
+        p = bench("--base-url", srv.base, "--trace", trace, "--slo-ttft-ms", "1000",
+                  "--out", out, "--no-plots")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = load(out, "summary.json")
+        self.assertEqual((s["requests"], s["completed"], s["failed"], s["rejected"], s["timed_out"]),
+                         (3, 1, 2, 2, 0))
+        self.assertAlmostEqual(s["slo_attainment"], 1 / 3)
+        recs = {r["index"]: r for r in load(out)["requests"]}
+        self.assertEqual([recs[i]["status"] for i in (0, 2)], [429, 429])
+        self.assertEqual(recs[0]["error_kind"], "http")
+
+    def _sweep_prompts(self, *extra):
+        """Runs a two-rate sweep of a four-request trace; returns (sweep.json, sweep.md, stdout,
+        {rate index: {trace row: prompt words}})."""
+        srv = self.start(ttft_ms=5.0, gaps_ms=[2.0])
+        trace = os.path.join(self.dir, "trace.jsonl")
+        # Rows told apart by their output lengths (2..5 tokens, --output-scale 1). Rows 0 and 1:
+        # the same ids; row 2 shares the first block with them; row 3 shares nothing.
+        write_trace(trace, [(0, 1024, 2, [1, 2]), (100, 1024, 3, [1, 2]),
+                            (200, 700, 4, [1, 3]), (300, 1000, 5, [4, 5])])
+        out = os.path.join(self.dir, "sweep")
+        p = bench("--base-url", srv.base, "--trace", trace, "--length-scale", "0.1",
+                  "--output-scale", "1", "--sweep-rates", "20,40", "--out", out, "--no-plots", *extra)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        log = sorted(srv.log, key=lambda e: e["t"])
+        self.assertEqual(len(log), 8)
+        by_rate = {}
+        for k, e in enumerate(log):  # the sweep runs its rates one after the other
+            by_rate.setdefault(k // 4, {})[e["body"]["max_tokens"] - 2] = e["body"]["prompt"].split()
+        self.assertEqual([sorted(v) for v in by_rate.values()], [[0, 1, 2, 3]] * 2)
+        with open(os.path.join(out, "sweep.md")) as f:
+            md = f.read()
+        return load(out, "sweep.json"), md, p.stdout, by_rate
+
+    def test_rate_sweep_sends_fresh_prompts_per_rate(self):
+        sweep, md, stdout, by_rate = self._sweep_prompts()
+        self.assertEqual(sweep["prompts"], "fresh per rate")
+        self.assertEqual([pt["prompt_salt"] for pt in sweep["points"]], [0, 1])
+        self.assertIn("prompts: fresh per rate", md)
+        self.assertIn("prompts: fresh per rate", stdout)
+        for words in by_rate.values():
+            # Within a rate the trace's prefix sharing is kept (51-word blocks at scale 0.1).
+            self.assertEqual([len(words[i]) for i in range(4)], [102, 102, 70, 100])
+            self.assertEqual(words[0], words[1])
+            self.assertEqual(words[2][:51], words[0][:51])
+            self.assertNotEqual(words[2][51:], words[0][51:70])
+            self.assertNotEqual(words[3][:51], words[0][:51])
+        # Across rates nothing is shared: a row's prompt differs from its prompt at the other
+        # rate at every position, starting with the first word, and no 8-word run of any
+        # prompt of one rate appears in any prompt of the other.
+        for i in range(4):
+            self.assertTrue(all(x != y for x, y in zip(by_rate[0][i], by_rate[1][i])), i)
+
+        def runs(words):
+            return {tuple(words[k:k + 8]) for k in range(len(words) - 7)}
+
+        first = set().union(*(runs(w) for w in by_rate[0].values()))
+        second = set().union(*(runs(w) for w in by_rate[1].values()))
+        self.assertEqual(first & second, set())
+        # The first rate's prompts are those of a plain (unswept) run.
+        self.assertEqual(by_rate[0][0], prompts.trace_prompt([1, 2], 102, 51).split())
+
+    def test_rate_sweep_same_prompts_on_request(self):
+        sweep, md, stdout, by_rate = self._sweep_prompts("--sweep-same-prompts")
+        self.assertEqual(sweep["prompts"], "same at every rate")
+        self.assertEqual([pt["prompt_salt"] for pt in sweep["points"]], [0, 0])
+        self.assertIn("prompts: same at every rate", md)
+        self.assertIn("prompts: same at every rate", stdout)
+        self.assertEqual(by_rate[0], by_rate[1])
+        self.assertEqual(by_rate[0][0], by_rate[0][1])
+
     def test_rate_sweep_finds_highest_rate_meeting_slo(self):
         # Capacity one request at a time, 100 + 5 * 20 = 200 ms each: fine at 2 req/s, a queue at 25.
         srv = self.start(ttft_ms=100.0, gaps_ms=[20.0], serial=True)
@@ -284,11 +398,21 @@ class CommandLine(unittest.TestCase):
             p = bench("--base-url", "http://127.0.0.1:9", "--trace", f.name, "--out", "/tmp/x")
         self.assertEqual(p.returncode, 2)
         self.assertIn("not a trace record", p.stderr)
+        p = bench("--base-url", "http://127.0.0.1:9", "--out", "/tmp/x", "--prompt-salt", "-1")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--prompt-salt must be >= 0", p.stderr)
+        p = bench("--base-url", "http://127.0.0.1:9", "--out", "/tmp/x", "--sweep-same-prompts")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--sweep-same-prompts needs --sweep-rates", p.stderr)
+
+    @needs_bin
+    def test_missing_script_is_reported_by_the_binary(self):
         p = bench("--x", env={"TANDEM_BENCH_SCRIPT": "/nonexistent/serve_bench.py"})
         self.assertEqual(p.returncode, 2)
         self.assertIn("benchmark script not found", p.stderr)
 
 
+@needs_bin
 class AgainstTandem(unittest.TestCase):
     """The real server: exact output lengths (usage), real prefix reuse, chat streaming."""
 

@@ -63,6 +63,11 @@ def parse_args(argv):
                    help="multiply arrival times (2 = half the rate; 0 = all at once)")
     w.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id in the trace")
     w.add_argument("--max-input-tokens", type=int, help="cap on scaled prompt lengths")
+    w.add_argument("--prompt-salt", type=int, default=0,
+                   help="build the prompt texts under this salt (trace and synthetic): the same "
+                        "lengths and prefix sharing, in text that shares no prefix with other "
+                        "salts, e.g. to rerun a workload against a server whose prefix cache "
+                        "holds an earlier run (default 0)")
     s = p.add_argument_group("synthetic workload")
     s.add_argument("--num-requests", type=int, default=100)
     s.add_argument("--input-len", type=int, default=128)
@@ -86,6 +91,11 @@ def parse_args(argv):
                                          "(trace arrivals rescaled) and find the highest rate "
                                          "meeting --sweep-target")
     o.add_argument("--sweep-target", type=float, default=0.9, help="SLO attainment to meet (0.9)")
+    o.add_argument("--sweep-same-prompts", action="store_true",
+                   help="send the same prompt texts at every rate of the sweep (later rates then "
+                        "hit the prefix cache the earlier ones filled); by default each rate gets "
+                        "fresh prompts (salt --prompt-salt + i for the i-th rate): the same "
+                        "lengths and prefix sharing within a rate, nothing shared across rates")
     r = p.add_argument_group("output")
     r.add_argument("--out", help="output directory (created)")
     r.add_argument("--label", help="name of this run in plots and comparisons")
@@ -115,6 +125,10 @@ def parse_args(argv):
         p.error("--max-concurrency, --closed-loop and --warmup must be >= 0")
     if args.closed_loop and args.sweep_rates:
         p.error("--sweep-rates needs an open loop (drop --closed-loop)")
+    if args.prompt_salt < 0:
+        p.error("--prompt-salt must be >= 0")
+    if args.sweep_same_prompts and not args.sweep_rates:
+        p.error("--sweep-same-prompts needs --sweep-rates")
     if not 0 < args.sweep_target <= 1:
         p.error("--sweep-target must be in (0, 1]")
     for k in ("slo_ttft_ms", "slo_tbt_ms", "slo_tpot_ms", "slo_e2e_ms"):
@@ -131,11 +145,25 @@ def parse_args(argv):
     return args
 
 
-def build_workload(args, rate=None):
+def sweep_salts(args):
+    """The prompt salt of each rate of the sweep: fresh prompts per rate unless
+    --sweep-same-prompts."""
+    if args.sweep_same_prompts:
+        return [args.prompt_salt] * len(args.rates)
+    return [args.prompt_salt + i for i in range(len(args.rates))]
+
+
+def sweep_prompts_note(args):
+    return "same at every rate" if args.sweep_same_prompts else "fresh per rate"
+
+
+def build_workload(args, rate=None, salt=None):
+    salt = args.prompt_salt if salt is None else salt
+    salt_desc = f", prompt salt {salt}" if salt else ""
     if args.trace:
         reqs = workload.load_trace(args.trace, args.trace_start, args.max_requests, args.length_scale,
                                    args.output_scale, args.time_scale, args.block_tokens,
-                                   args.max_input_tokens)
+                                   args.max_input_tokens, salt)
         desc = (f"trace {os.path.basename(args.trace)} lines {args.trace_start}.."
                 f"{args.trace_start + len(reqs)}, length scale {args.length_scale:g}"
                 f"{'' if args.output_scale is None else f', output scale {args.output_scale:g}'}, "
@@ -143,18 +171,18 @@ def build_workload(args, rate=None):
         if rate is not None:
             reqs = workload.retime(reqs, rate)
             desc += f", arrivals rescaled to {rate:g} req/s"
-        return reqs, desc
+        return reqs, desc + salt_desc
     r = args.request_rate if rate is None else rate
     n = args.num_requests if args.max_requests is None else min(args.num_requests, args.max_requests)
     reqs = workload.synthetic(n, args.input_len, args.output_len, args.input_range,
                               args.output_range, r, args.burstiness, args.shared_prefix_len,
-                              args.num_prefixes, args.seed)
+                              args.num_prefixes, args.seed, salt)
     desc = (f"synthetic {n} requests, input {args.input_len} (+-{args.input_range:g}), output "
             f"{args.output_len} (+-{args.output_range:g}), "
             + (f"closed loop at {args.closed_loop}" if args.closed_loop else
                f"rate {r:g} req/s, burstiness {args.burstiness:g}")
             + (f", {args.num_prefixes} shared prefixes of {args.shared_prefix_len} tokens"
-               if args.shared_prefix_len else ""))
+               if args.shared_prefix_len else "") + salt_desc)
     return reqs, desc
 
 
@@ -174,15 +202,16 @@ def _write_json(path, obj):
     os.replace(tmp, path)
 
 
-def run_once(args, cfg, out_dir, rate=None):
-    reqs, desc = build_workload(args, rate)
+def run_once(args, cfg, out_dir, rate=None, salt=None):
+    salt = args.prompt_salt if salt is None else salt
+    reqs, desc = build_workload(args, rate, salt)
     records, duration = asyncio.run(runner.run_workload(reqs, cfg, not args.no_progress))
     slo = {"ttft_ms": args.slo_ttft_ms, "tbt_ms": args.slo_tbt_ms, "tpot_ms": args.slo_tpot_ms,
            "e2e_ms": args.slo_e2e_ms}
     summary = metrics.summarize(records, duration, slo)
     config = {"base_url": cfg.base_url, "endpoint": cfg.endpoint, "model": cfg.model,
               "workload_desc": desc, "label": args.label or cfg.base_url, "rate": rate,
-              "argv": sys.argv[1:]}
+              "prompt_salt": salt, "argv": sys.argv[1:]}
     os.makedirs(out_dir, exist_ok=True)
     _write_json(os.path.join(out_dir, "summary.json"), summary)
     _write_json(os.path.join(out_dir, "results.json"),
@@ -250,17 +279,20 @@ def main(argv=None):
             print(open(os.path.join(args.out, "summary.md")).read())
             return 0
         points = []
-        for rate in args.rates:
+        note = sweep_prompts_note(args)
+        for rate, salt in zip(args.rates, sweep_salts(args)):
             sub = os.path.join(args.out, f"rate_{rate:g}")
-            summary, _ = run_once(args, cfg, sub, rate)
-            points.append({"rate": rate, "dir": sub, "summary": summary})
-            print(f"[bench] rate {rate:g} req/s: SLO attainment {100 * summary['slo_attainment']:.1f}%"
-                  f", goodput {summary['goodput_rps']:.3f} req/s", file=sys.stderr)
+            summary, _ = run_once(args, cfg, sub, rate, salt)
+            points.append({"rate": rate, "prompt_salt": salt, "dir": sub, "summary": summary})
+            print(f"[bench] rate {rate:g} req/s (prompts {note}, salt {salt}): SLO attainment "
+                  f"{100 * summary['slo_attainment']:.1f}%, goodput {summary['goodput_rps']:.3f} req/s",
+                  file=sys.stderr)
         passing = [p["rate"] for p in points if p["summary"]["slo_attainment"] >= args.sweep_target]
         best = max(passing) if passing else None
-        sweep = {"target": args.sweep_target, "max_rate_meeting_target": best, "points": points}
+        sweep = {"target": args.sweep_target, "max_rate_meeting_target": best, "prompts": note,
+                 "points": points}
         _write_json(os.path.join(args.out, "sweep.json"), sweep)
-        md = report.sweep_markdown(points, args.sweep_target, best)
+        md = report.sweep_markdown(points, args.sweep_target, best, note)
         with open(os.path.join(args.out, "sweep.md"), "w") as f:
             f.write(md)
         if not args.no_plots:

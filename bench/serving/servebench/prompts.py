@@ -5,6 +5,12 @@ key), so equal keys give equal text and, because every word is one space-led tok
 BPE vocabularies, equal token blocks wherever the block sits in a prompt. Each word of the list
 below is one token (with its leading space) for SmolLM2/GPT-2 style tokenizers and close to one
 for other common ones, so N words is about N tokens.
+
+A salt gives a disjoint family of texts for the same keys (so that a workload can be replayed
+against a server without hitting what its prefix cache kept of an earlier replay): salt s
+rotates every word index by s (mod the list length), so texts of two salts that differ modulo
+len(WORDS) differ at every word, the first included; equal keys under one salt still give equal
+text. Salts of len(WORDS) or more also change the key. Salt 0 is the unsalted text.
 """
 import hashlib
 
@@ -32,12 +38,18 @@ def _word_indices(key, n):
     return out
 
 
-def block_text(key, n_words):
-    """About n_words tokens of text for `key`; starts with a space, so blocks concatenate on
-    token boundaries. A shorter block of the same key is a prefix of a longer one."""
+def block_text(key, n_words, salt=0):
+    """About n_words tokens of text for `key` (and `salt`, see above); starts with a space, so
+    blocks concatenate on token boundaries. A shorter block of the same key and salt is a prefix
+    of a longer one."""
+    if salt < 0:
+        raise ValueError("the prompt salt must be >= 0")
     if n_words <= 0:
         return ""
-    return "".join(" " + WORDS[i] for i in _word_indices(key, n_words))
+    turn, rotation = divmod(salt, len(WORDS))
+    if turn:
+        key = f"{key}~{turn}"
+    return "".join(" " + WORDS[(i + rotation) % len(WORDS)] for i in _word_indices(key, n_words))
 
 
 def trace_block_tokens(length_scale, block_tokens=512):
@@ -45,13 +57,14 @@ def trace_block_tokens(length_scale, block_tokens=512):
     return max(1, int(round(block_tokens * length_scale)))
 
 
-def trace_prompt(hash_ids, input_tokens, block_tokens):
+def trace_prompt(hash_ids, input_tokens, block_tokens, salt=0):
     """Prompt of about `input_tokens` tokens from the trace's hash ids: each id but the last gives
     a full block of `block_tokens` words keyed by the id; the last block is filled up to the
     input length (it is a prefix of that id's full block). Ids beyond what the length needs are
-    dropped; a length beyond the ids is filled with the last id's words."""
+    dropped; a length beyond the ids is filled with the last id's words. Every block is salted
+    with `salt`: prompts of salts that differ modulo len(WORDS) differ at every word."""
     if not hash_ids:
-        return block_text("empty", input_tokens)
+        return block_text("empty", input_tokens, salt)
     parts = []
     remaining = max(1, input_tokens)
     for i, h in enumerate(hash_ids):
@@ -59,6 +72,6 @@ def trace_prompt(hash_ids, input_tokens, block_tokens):
             break
         last = i == len(hash_ids) - 1
         n = remaining if last else min(block_tokens, remaining)
-        parts.append(block_text(f"block-{h}", n))
+        parts.append(block_text(f"block-{h}", n, salt))
         remaining -= n
     return "".join(parts)

@@ -33,10 +33,16 @@ def markdown(summary, config, title="Serving benchmark"):
     return "\n".join(lines) + "\n"
 
 
-def sweep_markdown(points, target, best_rate):
+def sweep_markdown(points, target, best_rate, prompts=None):
+    """The sweep table; `prompts` says whether each rate had fresh prompts or the same ones."""
     lines = ["# Rate sweep", "",
              f"Highest rate with SLO attainment >= {100 * target:.0f}%: "
-             f"{'none' if best_rate is None else f'{best_rate:g} req/s'}", "",
+             f"{'none' if best_rate is None else f'{best_rate:g} req/s'}", ""]
+    if prompts:
+        why = (" (prompt texts share no prefix across rates)" if prompts == "fresh per rate" else
+               " (later rates may hit what the earlier ones left in the prefix cache)")
+        lines += [f"prompts: {prompts}{why}", ""]
+    lines += [
              "| rate req/s | completed | failed | goodput req/s | SLO attainment | TTFT p90 ms | TBT p90 ms |",
              "|---|---|---|---|---|---|---|"]
     for p in points:

@@ -23,15 +23,19 @@ class Request:
 
 
 def load_trace(path, start=0, max_requests=None, length_scale=1.0, output_scale=None,
-               time_scale=1.0, block_tokens=512, max_input_tokens=None):
+               time_scale=1.0, block_tokens=512, max_input_tokens=None, salt=0):
     """Requests of a Mooncake trace (JSON lines with timestamp ms, input_length, output_length,
     hash_ids). Lines [start, start + max_requests) are taken; arrivals are rebased so that the
     first one is at 0 and multiplied by time_scale (2 = twice as slow); lengths are multiplied by
-    length_scale (outputs by output_scale if given), each at least 1 token."""
+    length_scale (outputs by output_scale if given), each at least 1 token. Prompts are built
+    with prompts.trace_prompt under `salt` (0: the unsalted text; another salt: the same
+    prefix-sharing structure in text that shares nothing with other salts)."""
     if length_scale <= 0 or time_scale < 0 or (output_scale is not None and output_scale <= 0):
         raise WorkloadError("length and output scales must be > 0 and the time scale >= 0")
     if start < 0 or (max_requests is not None and max_requests <= 0):
         raise WorkloadError("--trace-start must be >= 0 and --max-requests > 0")
+    if salt < 0:
+        raise WorkloadError("--prompt-salt must be >= 0")
     out_scale = length_scale if output_scale is None else output_scale
     scaled_block = prompts.trace_block_tokens(length_scale, block_tokens)
     rows = []
@@ -69,7 +73,7 @@ def load_trace(path, start=0, max_requests=None, length_scale=1.0, output_scale=
             target_in = min(target_in, max_input_tokens)
         reqs.append(Request(
             index=i, arrival_s=(ts - t0) / 1000.0 * time_scale,
-            prompt=prompts.trace_prompt(ids, target_in, scaled_block),
+            prompt=prompts.trace_prompt(ids, target_in, scaled_block, salt),
             input_tokens=target_in, output_tokens=max(1, int(round(n_out * out_scale))),
             hash_ids=ids))
     reqs.sort(key=lambda r: (r.arrival_s, r.index))
@@ -103,17 +107,20 @@ def arrivals(n, rate, burstiness, rng):
 
 
 def synthetic(num_requests, input_len, output_len, input_range=0.0, output_range=0.0,
-              rate=math.inf, burstiness=1.0, shared_prefix_len=0, num_prefixes=1, seed=0):
+              rate=math.inf, burstiness=1.0, shared_prefix_len=0, num_prefixes=1, seed=0,
+              salt=0):
     """Synthetic requests: input/output lengths fixed (range 0) or uniform within +-range of the
     given length; arrivals Poisson / gamma at `rate`; with shared_prefix_len > 0 each prompt
     starts with one of `num_prefixes` shared prefixes (round robin) followed by input_len unique
-    tokens."""
+    tokens. `salt` changes the prompt texts only (as in load_trace), not lengths or arrivals."""
     if num_requests <= 0 or input_len <= 0 or output_len <= 0:
         raise WorkloadError("--num-requests, --input-len and --output-len must be > 0")
     if not (0 <= input_range < 1 and 0 <= output_range < 1):
         raise WorkloadError("length ranges must be in [0, 1)")
     if shared_prefix_len < 0 or num_prefixes <= 0:
         raise WorkloadError("--shared-prefix-len must be >= 0 and --num-prefixes > 0")
+    if salt < 0:
+        raise WorkloadError("--prompt-salt must be >= 0")
     rng = random.Random(seed)
     times = arrivals(num_requests, rate, burstiness, rng)
     reqs = []
@@ -124,9 +131,9 @@ def synthetic(num_requests, input_len, output_len, input_range=0.0, output_range
         ids = []
         if shared_prefix_len > 0:
             g = i % num_prefixes
-            text = prompts.block_text(f"prefix-{seed}-{g}", shared_prefix_len)
+            text = prompts.block_text(f"prefix-{seed}-{g}", shared_prefix_len, salt)
             ids = [f"prefix-{g}"]
-        text += prompts.block_text(f"request-{seed}-{i}", n_in)
+        text += prompts.block_text(f"request-{seed}-{i}", n_in, salt)
         reqs.append(Request(index=i, arrival_s=times[i], prompt=text,
                             input_tokens=n_in + shared_prefix_len, output_tokens=n_out,
                             hash_ids=ids))

@@ -1,0 +1,203 @@
+#include "conductor/cluster_view.h"
+
+#include <algorithm>
+
+namespace tandem::conductor {
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Prompt keys placed on a worker count as cached there for this long (until its /stats shows
+// them, or shows they were evicted).
+constexpr auto kPlacedKeyLifetime = std::chrono::seconds(10);
+
+}  // namespace
+
+WorkerRole ToPolicyRole(cluster::Role r) {
+  switch (r) {
+    case cluster::Role::kPrefill: return WorkerRole::kPrefill;
+    case cluster::Role::kDecode: return WorkerRole::kDecode;
+    case cluster::Role::kMixed: return WorkerRole::kMixed;
+  }
+  return WorkerRole::kMixed;
+}
+
+ClusterView::Worker* ClusterView::Find(const std::string& name) {
+  auto it = workers_.find(name);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
+                                    const StatusOr<cluster::WorkerStats>& stats,
+                                    Clock::time_point probe_start, Clock::duration worker_timeout) {
+  std::string event;
+  Worker& w = workers_[info.name];
+  if (w.info.incarnation != info.incarnation) {
+    event = std::string(w.info.incarnation != 0 ? "rejoined" : "joined");
+    w.info = info;
+    w.healthy = false;
+    w.client = std::make_shared<WorkerClient>(info.host, info.port);
+    w.reported_keys.clear();
+    w.placed_keys.clear();
+  }
+  const auto now = Clock::now();
+  if (stats.ok()) {
+    w.stats = *stats;
+    w.last_ok = now;
+    if (!w.healthy && event.empty()) event = "answers again";
+    w.healthy = true;
+    w.reported_keys = std::unordered_set<uint64_t>(stats->cached_block_keys.begin(),
+                                                   stats->cached_block_keys.end());
+    for (auto it = w.placed_keys.begin(); it != w.placed_keys.end();) {
+      it = now - it->second > kPlacedKeyLifetime ? w.placed_keys.erase(it) : std::next(it);
+    }
+    // Reservations made before this probe started are in its figures now.
+    for (auto it = w.promises.begin(); it != w.promises.end();) {
+      it = it->second.confirmed < probe_start ? w.promises.erase(it) : std::next(it);
+    }
+  } else if (w.healthy && now - w.last_ok > worker_timeout) {
+    w.healthy = false;
+    event = "stopped answering";
+  }
+  return event;
+}
+
+std::vector<std::string> ClusterView::MarkUnlisted(const std::unordered_set<std::string>& listed) {
+  std::vector<std::string> gone;
+  for (auto& [name, w] : workers_) {
+    if (!listed.count(name) && w.healthy) {
+      w.healthy = false;
+      gone.push_back(name);
+    }
+  }
+  return gone;
+}
+
+double ClusterView::QueueSeconds(const Worker& w, Clock::time_point now) {
+  if (w.prefills.empty()) return 0;
+  double total = 0;
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const auto& [seq, job] : w.prefills) {
+    total += job.predicted_s;
+    oldest = std::min(oldest, job.started);
+  }
+  // The worker has been busy since the oldest job in flight started (prefills run in arrival
+  // order): what it has done since then is no longer queued.
+  return std::max(0.0, total - Seconds(now - oldest));
+}
+
+std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, int expected_output,
+                                                  Clock::time_point now,
+                                                  std::vector<std::string>* names) const {
+  std::vector<WorkerSnapshot> out;
+  names->clear();
+  for (const auto& [name, w] : workers_) {
+    WorkerSnapshot s;
+    s.name = name;
+    s.role = ToPolicyRole(w.info.role);
+    s.healthy = w.healthy;
+    s.inflight = static_cast<int>(w.placed.size());
+    s.block_tokens = w.info.block_tokens > 0 ? w.info.block_tokens : 16;
+    const auto& b = w.stats.backend;
+    int promised = 0;
+    for (const auto& [seq, p] : w.promises) promised += p.blocks;
+    s.kv_free_blocks = b.kv_blocks_total - b.kv_blocks_used - b.reserved_blocks - promised;
+    // The longest prefix of the prompt the worker holds (whole blocks, leaving one token).
+    if (r.block_tokens == s.block_tokens && r.prompt_tokens > 1) {
+      const size_t max_blocks =
+          std::min<size_t>(r.keys.size(), static_cast<size_t>((r.prompt_tokens - 1) / s.block_tokens));
+      size_t hit = 0;
+      while (hit < max_blocks &&
+             (w.reported_keys.count(r.keys[hit]) || w.placed_keys.count(r.keys[hit]))) {
+        ++hit;
+      }
+      s.cached_prompt_tokens = static_cast<int>(hit) * s.block_tokens;
+    }
+    s.prefill_queue_s = QueueSeconds(w, now);
+    for (const auto& [seq, d] : w.decodes) {
+      DecodeSequence ds;
+      ds.context_tokens = d.prompt_tokens + d.emitted;
+      ds.joins_in_s = d.joined ? 0 : std::max(0.0, Seconds(d.joins_at - now));
+      const int remaining = std::max(1, d.expected_tokens - d.emitted);
+      ds.ends_in_s = ds.joins_in_s + remaining * std::max(d.tbt_s, 1e-3);
+      s.decoding.push_back(ds);
+    }
+    s.cost = w.info.cost;
+    s.kv_transfer_s = w.kv_transfer_s;
+    s.max_batch_tokens = w.info.max_batch_tokens;
+    out.push_back(std::move(s));
+    names->push_back(name);
+  }
+  (void)expected_output;
+  return out;
+}
+
+void ClusterView::Commit(const RequestLoad& r, const Placement& p, const std::string& decode,
+                         const std::string& prefill, int expected_output, Clock::time_point now) {
+  if (Worker* d = Find(decode)) {
+    d->placed.insert(r.seq);
+    Worker::DecodeJob job;
+    job.prompt_tokens = r.prompt_tokens;
+    job.expected_tokens = std::max(1, std::min(r.max_tokens, expected_output));
+    job.tbt_s = p.predicted_tbt_s;
+    job.joins_at = now + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(p.predicted_ttft_s));
+    d->decodes[r.seq] = job;
+    const int bt = std::max(1, d->info.block_tokens);
+    const int need = (r.prompt_tokens + 1 + bt - 1) / bt - p.decode_cached_tokens / bt;
+    d->promises[r.seq] = Worker::Promise{std::max(0, need)};
+    if (prefill.empty()) d->prefills[r.seq] = {p.predicted_prefill_s, now};
+    for (uint64_t k : r.keys) d->placed_keys[k] = now;
+  }
+  if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
+    w->placed.insert(r.seq);
+    w->prefills[r.seq] = {p.predicted_prefill_s, now};
+    for (uint64_t k : r.keys) w->placed_keys[k] = now;
+  }
+}
+
+void ClusterView::ReservationMade(uint64_t seq, const std::string& decode, Clock::time_point now) {
+  if (Worker* d = Find(decode)) {
+    auto it = d->promises.find(seq);
+    if (it != d->promises.end()) it->second.confirmed = now;
+  }
+}
+
+void ClusterView::PrefillDone(uint64_t seq, const std::string& prefill, const std::string& decode,
+                              double transfer_s, Clock::time_point now) {
+  if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
+    w->prefills.erase(seq);
+    w->placed.erase(seq);
+    if (transfer_s >= 0) w->kv_transfer_s = 0.8 * w->kv_transfer_s + 0.2 * transfer_s;
+  }
+  if (Worker* d = Find(decode)) {
+    d->prefills.erase(seq);  // a local prefill
+    auto it = d->decodes.find(seq);
+    if (it != d->decodes.end()) {
+      it->second.joined = true;
+      it->second.joins_at = now;
+    }
+  }
+}
+
+void ClusterView::TokenEmitted(uint64_t seq, const std::string& decode) {
+  if (Worker* d = Find(decode)) {
+    auto it = d->decodes.find(seq);
+    if (it != d->decodes.end()) it->second.emitted++;
+  }
+}
+
+void ClusterView::Release(uint64_t seq, const std::string& decode, const std::string& prefill) {
+  if (Worker* d = Find(decode)) {
+    d->placed.erase(seq);
+    d->decodes.erase(seq);
+    d->promises.erase(seq);
+    d->prefills.erase(seq);
+  }
+  if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
+    w->prefills.erase(seq);
+    w->placed.erase(seq);
+  }
+}
+
+}  // namespace tandem::conductor

@@ -1,0 +1,102 @@
+// The conductor's view of its workers: membership (what the metadata service lists and each
+// worker's last /stats), what each holds in its prefix cache, and what the conductor itself has
+// placed there and not seen finish (prefill work queued, sequences decoding, KV blocks
+// promised). From it, Snapshot() builds the policy's input for one request.
+//
+// Thread-safety: not thread-safe; the conductor guards it with its mutex.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "conductor/policy/placement.h"
+#include "conductor/worker_client.h"
+
+namespace tandem::conductor {
+
+// What one request asks of the cluster, as the view accounts it.
+struct RequestLoad {
+  uint64_t seq = 0;                // unique per request
+  int prompt_tokens = 0;
+  int max_tokens = 0;
+  std::vector<uint64_t> keys;      // block keys of the prompt (block_tokens of the workers)
+  int block_tokens = 0;            // of `keys`
+};
+
+class ClusterView {
+ public:
+  struct Worker {
+    cluster::WorkerInfo info;
+    bool healthy = false;
+    Clock::time_point last_ok{};
+    cluster::WorkerStats stats;
+    std::shared_ptr<WorkerClient> client;
+    std::unordered_set<uint64_t> reported_keys;  // its prefix cache at the last /stats
+    std::unordered_map<uint64_t, Clock::time_point> placed_keys;  // prompts placed since
+    std::unordered_set<uint64_t> placed;  // requests placed there and not finished (on a
+                                          // prefill worker: until its prefill is done)
+    struct PrefillJob {
+      double predicted_s = 0;
+      Clock::time_point started{};
+    };
+    std::map<uint64_t, PrefillJob> prefills;  // by request seq (remote, or local on a decoder)
+    struct DecodeJob {
+      int64_t prompt_tokens = 0;
+      int emitted = 0;
+      int expected_tokens = 1;     // predicted length of its output
+      double tbt_s = 0;            // predicted at placement
+      Clock::time_point joins_at{};
+      bool joined = false;
+    };
+    std::map<uint64_t, DecodeJob> decodes;
+    struct Promise {
+      int blocks = 0;
+      Clock::time_point confirmed = Clock::time_point::max();  // reservation made at
+    };
+    std::map<uint64_t, Promise> promises;  // KV blocks placed, not yet seen in its /stats
+    double kv_transfer_s = 0.002;  // moving average of the measured KV push tail
+  };
+
+  std::map<std::string, Worker>& workers() { return workers_; }
+  const std::map<std::string, Worker>& workers() const { return workers_; }
+  Worker* Find(const std::string& name);
+
+  // A /stats answer (or failure) for the worker `info` from a probe started at `probe_start`.
+  // Returns a log line when the worker joined, rejoined or went silent (empty otherwise).
+  std::string ApplyProbe(const cluster::WorkerInfo& info, const StatusOr<cluster::WorkerStats>& stats,
+                         Clock::time_point probe_start, Clock::duration worker_timeout);
+  // Workers no longer listed: unhealthy. Returns their names.
+  std::vector<std::string> MarkUnlisted(const std::unordered_set<std::string>& listed);
+
+  // The policy's input for `r`, in the order of `names` (filled).
+  std::vector<WorkerSnapshot> Snapshot(const RequestLoad& r, int expected_output,
+                                       Clock::time_point now, std::vector<std::string>* names) const;
+
+  // Accounting of a placement: decode on `decode`, prefill on `prefill` (empty: local).
+  void Commit(const RequestLoad& r, const Placement& p, const std::string& decode,
+              const std::string& prefill, int expected_output, Clock::time_point now);
+  void ReservationMade(uint64_t seq, const std::string& decode, Clock::time_point now);
+  void PrefillDone(uint64_t seq, const std::string& prefill, const std::string& decode,
+                   double transfer_s, Clock::time_point now);
+  void TokenEmitted(uint64_t seq, const std::string& decode);
+  // Forgets everything of the request on both workers (finished, failed or re-placed).
+  void Release(uint64_t seq, const std::string& decode, const std::string& prefill);
+
+  // Predicted prefill work queued on `w` at `now` (seconds).
+  static double QueueSeconds(const Worker& w, Clock::time_point now);
+
+ private:
+  std::map<std::string, Worker> workers_;
+};
+
+WorkerRole ToPolicyRole(cluster::Role r);
+
+}  // namespace tandem::conductor

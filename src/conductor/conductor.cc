@@ -1,0 +1,645 @@
+#include "conductor/conductor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_set>
+
+#include "common/logging.h"
+#include "conductor/cluster_view.h"
+#include "conductor/metrics.h"
+#include "conductor/worker_client.h"
+#include "serving/block_keys.h"
+
+namespace tandem::conductor {
+namespace {
+
+using cluster::DecodeCall;
+using cluster::DecodeEvent;
+using cluster::KvTarget;
+using cluster::PrefillCall;
+using cluster::PrefillResult;
+using cluster::Role;
+using cluster::WorkerInfo;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int64_t MillisUntil(Clock::time_point t) {
+  if (t == Clock::time_point::max()) return 3600 * 1000;
+  return std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count());
+}
+
+// One request from Submit to OnFinish. Owned by its thread.
+struct RequestRun {
+  serving::GenerationRequest r;
+  std::shared_ptr<serving::GenerationSink> sink;
+  RequestLoad load;
+  double slo_ttft_s = 0, slo_tbt_s = 0;
+  Placement placement;
+  std::string decode, prefill;          // names; prefill empty: local
+  Clock::time_point committed_at{};     // when the current placement was made
+  bool waited_for_kv = false;
+
+  // Progress of the current attempt.
+  bool fall_back_local = false;         // stop this stream and run the request locally
+  bool retry_kv = false;                // the decode worker had no room: wait and place again
+  bool cancelled = false;               // the client went away
+  int tokens = 0;                       // tokens given to the sink
+  std::optional<serving::FinishInfo> finish;
+  Status error;
+  std::optional<PrefillResult> prefill_result;
+  Clock::time_point first_token_at{};
+  double predicted_ttft_s = 0, predicted_tbt_s = 0;  // of the placement that produced tokens
+};
+
+class ConductorImpl final : public Conductor {
+ public:
+  explicit ConductorImpl(ConductorOptions o)
+      : options_(std::move(o)), log_(GetLogger("conductor")), rng_(options_.random_seed) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
+
+  ~ConductorImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    heartbeat_.join();
+    // Request threads end by their deadlines; make them stop relaying now.
+    cancel_all_.store(true);
+    std::map<uint64_t, std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      threads.swap(threads_);
+    }
+    for (auto& [seq, t] : threads) t.join();
+  }
+
+  Status Submit(serving::GenerationRequest request,
+                std::shared_ptr<serving::GenerationSink> sink) override {
+    TANDEM_RETURN_IF_ERROR(serving::ValidateRequest(
+        request, options_.vocab_size > 0 ? options_.vocab_size : INT32_MAX,
+        options_.max_model_len > 0 ? options_.max_model_len : INT32_MAX));
+    auto run = std::make_unique<RequestRun>();
+    run->slo_ttft_s = request.slo_ttft_seconds > 0 ? request.slo_ttft_seconds : options_.slo_ttft_s;
+    run->slo_tbt_s = request.slo_tbt_seconds > 0 ? request.slo_tbt_seconds : options_.slo_tbt_s;
+    run->load.prompt_tokens = static_cast<int>(request.prompt_tokens.size());
+    run->load.max_tokens = request.max_tokens;
+    run->r = std::move(request);
+    run->sink = std::move(sink);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
+    if (active_ >= options_.max_inflight) {
+      metrics_.Reject("inflight_limit");
+      retry_after_s_.store(1.0);
+      return ResourceExhausted("too many requests in flight (" +
+                               std::to_string(options_.max_inflight) + ")");
+    }
+    run->load.seq = ++next_seq_;
+    KeysFor(run.get());
+    const Placement p = PlaceLocked(*run, options_.admission, {}, &run->decode, &run->prefill);
+    if (p.outcome == Placement::Outcome::kNoWorker) {
+      metrics_.Reject(p.reason);
+      return Unavailable(p.message);
+    }
+    if (p.outcome == Placement::Outcome::kReject) {
+      metrics_.Reject(p.reason);
+      retry_after_s_.store(p.retry_after_s);
+      log_->info("{} rejected ({}): {}", run->r.id, p.reason, p.message);
+      return ResourceExhausted(p.message);
+    }
+    run->placement = p;
+    ++active_;
+    const uint64_t seq = run->load.seq;
+    threads_[seq] = std::thread([this, run = std::move(run)]() mutable { Run(std::move(run)); });
+    return OkStatus();
+  }
+
+  int RetryAfterSeconds() const override {
+    return std::max(1, static_cast<int>(std::ceil(retry_after_s_.load())));
+  }
+
+  serving::BackendStats Stats() const override {
+    serving::BackendStats s;
+    std::lock_guard<std::mutex> lock(mu_);
+    ConductorMetrics::WorkerTotals totals;
+    const auto now = Clock::now();
+    for (const auto& [name, w] : view_.workers()) {
+      totals.Add(w, name, now);
+      if (!w.healthy) continue;
+      const auto& b = w.stats.backend;
+      s.running += b.running;
+      s.waiting += b.waiting;
+      s.kv_blocks_total += b.kv_blocks_total;
+      s.kv_blocks_used += b.kv_blocks_used;
+      s.kv_blocks_cached += b.kv_blocks_cached;
+      s.prefix_cache_hit_tokens += b.prefix_cache_hit_tokens;
+      s.prompt_tokens += b.prompt_tokens;
+      s.generated_tokens += b.generated_tokens;
+      s.preemptions += b.preemptions;
+      s.reserved_blocks += b.reserved_blocks;
+      s.reservations_expired += b.reservations_expired;
+    }
+    s.waiting += waiting_for_kv_;
+    metrics_.Export(totals, &s);
+    return s;
+  }
+
+  void Drain(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    draining_ = true;
+    if (!cv_.wait_until(lock, deadline, [&] { return active_ == 0; })) {
+      cancel_all_.store(true);
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return active_ == 0; });
+    }
+  }
+
+  Status WaitForWorkers(int prefill, int decode, Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto enough = [&] {
+      int p = 0, d = 0;
+      for (const auto& [name, w] : view_.workers()) {
+        if (!w.healthy) continue;
+        if (w.info.role == Role::kPrefill) ++p;
+        if (cluster::CanDecode(w.info.role)) ++d;
+      }
+      return p >= prefill && d >= decode;
+    };
+    if (!cv_.wait_until(lock, deadline, enough)) {
+      return DeadlineExceeded("workers did not join in time (wanted " + std::to_string(prefill) +
+                              " prefill and " + std::to_string(decode) + " decode)");
+    }
+    return OkStatus();
+  }
+
+  std::vector<WorkerView> Workers() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<WorkerView> out;
+    const auto now = Clock::now();
+    for (const auto& [name, w] : view_.workers()) {
+      out.push_back({w.info, w.healthy, static_cast<int>(w.placed.size()), w.stats,
+                     ClusterView::QueueSeconds(w, now)});
+    }
+    return out;
+  }
+
+  void CountWorkerRestart(Role) override { metrics_.restarts.fetch_add(1); }
+
+ private:
+  // ---- placement ----
+
+  // The prompt's block keys for the workers' block size (all workers of a cluster agree).
+  void KeysFor(RequestRun* run) {
+    int bt = 0;
+    for (const auto& [name, w] : view_.workers()) {
+      if (w.info.block_tokens > 0) {
+        bt = w.info.block_tokens;
+        break;
+      }
+    }
+    if (bt <= 0 || bt == run->load.block_tokens) return;
+    run->load.block_tokens = bt;
+    run->load.keys = serving::BlockKeys(run->r.prompt_tokens, bt);
+  }
+
+  RequestShape ShapeOf(const RequestRun& run) const {
+    RequestShape shape;
+    shape.prompt_tokens = run.load.prompt_tokens;
+    shape.max_tokens = run.load.max_tokens;
+    shape.expected_output_tokens = std::min(run.load.max_tokens, ExpectedOutputLocked());
+    shape.slo_ttft_s = run.slo_ttft_s;
+    shape.slo_tbt_s = run.slo_tbt_s;
+    return shape;
+  }
+
+  int ExpectedOutputLocked() const { return std::max(1, static_cast<int>(expected_output_)); }
+
+  // Places `run` on the current view; *decode and *prefill get the chosen workers' names
+  // (prefill empty when local or none).
+  Placement PlaceLocked(const RequestRun& run, AdmissionPolicy admission,
+                        std::span<const std::string> exclude_prefill, std::string* decode,
+                        std::string* prefill) {
+    const auto now = Clock::now();
+    const auto snapshot = view_.Snapshot(run.load, ExpectedOutputLocked(), now, &names_scratch_);
+    std::vector<int> exclude;
+    for (size_t i = 0; i < names_scratch_.size(); ++i) {
+      if (std::find(exclude_prefill.begin(), exclude_prefill.end(), names_scratch_[i]) !=
+          exclude_prefill.end()) {
+        exclude.push_back(static_cast<int>(i));
+      }
+    }
+    PlacementOptions po;
+    po.policy = options_.placement;
+    po.admission = admission;
+    po.allow_local_prefill = options_.local_prefill;
+    po.random_draw = rng_();
+    Placement p = Place(snapshot, ShapeOf(run), po, exclude);
+    *decode = p.decode >= 0 ? names_scratch_[p.decode] : std::string();
+    *prefill = p.prefill >= 0 && !p.local ? names_scratch_[p.prefill] : std::string();
+    return p;
+  }
+
+  // Places (or re-places) the request for its thread, waiting while no decode worker has KV
+  // room; `force_local`: the decode worker computes the prompt. False when it cannot run
+  // (run->error says why). An admitted request is not rejected later (kNone never rejects).
+  bool PlaceForRun(RequestRun* run, bool first, bool force_local) {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool counted_wait = false;
+    while (true) {
+      Placement p = first ? run->placement
+                          : PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
+      first = false;
+      if (p.outcome == Placement::Outcome::kPlaced) {
+        if (force_local) {
+          p.local = true;
+          p.prefill = -1;
+          run->prefill.clear();
+        }
+        run->placement = p;
+        run->committed_at = Clock::now();
+        view_.Commit(run->load, p, run->decode, run->prefill, ExpectedOutputLocked(),
+                     run->committed_at);
+        if (counted_wait) --waiting_for_kv_;
+        if (p.local && !force_local) metrics_.local_prefills.fetch_add(1);
+        return true;
+      }
+      if (p.outcome == Placement::Outcome::kNoWorker) {
+        if (counted_wait) --waiting_for_kv_;
+        run->error = Unavailable(p.message);
+        return false;
+      }
+      // kWait: no decode worker has room for the prompt's KV now.
+      if (!counted_wait) {
+        counted_wait = true;
+        ++waiting_for_kv_;
+        if (!run->waited_for_kv) metrics_.kv_waits.fetch_add(1);
+        run->waited_for_kv = true;
+      }
+      if (stop_ || cancel_all_.load()) {
+        --waiting_for_kv_;
+        run->error = Cancelled("the server stopped");
+        return false;
+      }
+      if (Clock::now() >= run->r.deadline) {
+        --waiting_for_kv_;
+        run->error = DeadlineExceeded(
+            "no decode worker had room for the prompt's KV cache before the request deadline");
+        return false;
+      }
+      // Room appears when a request ends (notified) or a heartbeat shows evictable blocks.
+      cv_.wait_until(lock, std::min(run->r.deadline, Clock::now() + std::chrono::milliseconds(100)));
+    }
+  }
+
+  // ---- membership ----
+
+  void HeartbeatLoop() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (cv_.wait_for(lock, options_.heartbeat, [&] { return stop_; })) return;
+      }
+      RefreshMembership();
+      JoinFinishedThreads();
+    }
+  }
+
+  void JoinFinishedThreads() {
+    std::vector<std::thread> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint64_t seq : finished_threads_) {
+        auto it = threads_.find(seq);
+        if (it == threads_.end()) continue;
+        done.push_back(std::move(it->second));
+        threads_.erase(it);
+      }
+      finished_threads_.clear();
+    }
+    for (auto& t : done) t.join();
+  }
+
+  void RefreshMembership() {
+    auto listed = options_.metadata->List(cluster::kWorkersPrefix);
+    if (!listed.ok()) {
+      log_->warn("cannot list workers: {}", listed.status().ToString());
+      return;
+    }
+    std::vector<WorkerInfo> infos;
+    for (const auto& [key, value] : *listed) {
+      auto info = WorkerInfo::FromJson(value);
+      if (info.ok()) infos.push_back(std::move(*info));
+    }
+    // Probe outside the lock: a slow worker must not stall placement.
+    struct Probe {
+      WorkerInfo info;
+      StatusOr<cluster::WorkerStats> stats;
+      Clock::time_point started;
+    };
+    std::vector<Probe> probes;
+    for (auto& info : infos) {
+      std::shared_ptr<WorkerClient> client;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto* w = view_.Find(info.name); w && w->info.incarnation == info.incarnation) {
+          client = w->client;
+        }
+      }
+      if (!client) client = std::make_shared<WorkerClient>(info.host, info.port);
+      const auto started = Clock::now();
+      auto stats = client->Stats(started + std::chrono::seconds(1));
+      probes.push_back({std::move(info), std::move(stats), started});
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unordered_set<std::string> names;
+    for (auto& pr : probes) {
+      names.insert(pr.info.name);
+      const std::string event =
+          view_.ApplyProbe(pr.info, pr.stats, pr.started, options_.worker_timeout);
+      if (event.empty()) continue;
+      if (event == "stopped answering") {
+        log_->warn("worker {} stopped answering; not placing requests there", pr.info.name);
+      } else {
+        log_->info("worker {} {} ({} on {}:{}, cost model: {})", pr.info.name, event,
+                   cluster::RoleName(pr.info.role), pr.info.host, pr.info.port,
+                   pr.info.cost.valid() ? pr.info.cost.source : "none");
+      }
+    }
+    for (const auto& name : view_.MarkUnlisted(names)) {
+      // Expected while shutting down (the workers unpublish themselves); a warning otherwise.
+      log_->log(draining_ ? spdlog::level::info : spdlog::level::warn,
+                "worker {} left the metadata service", name);
+    }
+    cv_.notify_all();
+  }
+
+  // Marks a worker unhealthy at once (a broken connection), until its next good heartbeat.
+  void Suspect(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto* w = view_.Find(name)) w->healthy = false;
+  }
+
+  std::shared_ptr<WorkerClient> ClientOf(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto* w = view_.Find(name);
+    return w ? w->client : nullptr;
+  }
+
+  // ---- one request ----
+
+  // Runs the prefill of a reserved request, trying prefill workers until one succeeds.
+  // Returns false when none could (the caller falls back to local).
+  bool Prefill(RequestRun* run, const KvTarget& target) {
+    std::vector<std::string> tried;
+    while (!run->prefill.empty()) {
+      tried.push_back(run->prefill);
+      const auto client = ClientOf(run->prefill);
+      Status st;
+      if (client) {
+        PrefillCall call;
+        call.id = run->r.id;
+        call.prompt_tokens = run->r.prompt_tokens;
+        call.sampling = run->r.sampling;
+        call.timeout_ms = MillisUntil(run->r.deadline);
+        call.target = target;
+        auto result = client->Prefill(call, run->r.deadline);
+        if (result.ok()) {
+          run->prefill_result = *result;
+          std::lock_guard<std::mutex> lock(mu_);
+          view_.PrefillDone(run->load.seq, run->prefill, run->decode, result->transfer_seconds,
+                            Clock::now());
+          return true;
+        }
+        st = result.status().WithContext("prefill worker " + run->prefill);
+        if (st.code() == StatusCode::kUnavailable) Suspect(run->prefill);
+      } else {
+        st = NotFound("prefill worker " + run->prefill + " is gone");
+      }
+      log_->warn("{}: prefill on {} failed: {}", run->r.id, run->prefill, st.ToString());
+      if (Clock::now() >= run->r.deadline) {
+        run->error = DeadlineExceeded(serving::kRequestDeadlinePassed);
+        return false;
+      }
+      // Another prefill worker, not tried yet; the decode side and its reservation stay.
+      std::lock_guard<std::mutex> lock(mu_);
+      view_.Release(run->load.seq, "", run->prefill);
+      std::string decode_unused, next;
+      const Placement p = PlaceLocked(*run, AdmissionPolicy::kNone, tried, &decode_unused, &next);
+      if (p.outcome != Placement::Outcome::kPlaced) next.clear();
+      run->prefill = next;
+      if (!next.empty()) {
+        if (auto* w = view_.Find(next)) {
+          w->placed.insert(run->load.seq);
+          w->prefills[run->load.seq] = {p.predicted_prefill_s, Clock::now()};
+        }
+        metrics_.prefill_retries.fetch_add(1);
+      }
+    }
+    return false;
+  }
+
+  void Run(std::unique_ptr<RequestRun> run) {
+    bool local_fallback = false;
+    bool first = true;
+    while (true) {
+      if (!PlaceForRun(run.get(), first, local_fallback)) break;
+      first = false;
+      const bool local = run->prefill.empty();
+      if (local_fallback) metrics_.fallbacks.fetch_add(1);
+      run->fall_back_local = run->retry_kv = false;
+      run->predicted_ttft_s = run->placement.predicted_ttft_s;
+      run->predicted_tbt_s = run->placement.predicted_tbt_s;
+      RunOnDecode(run.get(), local);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        view_.Release(run->load.seq, run->decode, run->prefill);
+      }
+      cv_.notify_all();
+      if (run->cancelled || run->tokens > 0 || run->finish) break;
+      if (run->retry_kv) {
+        run->error = Status();
+        continue;  // the decode worker had no room after all: wait for room, place again
+      }
+      if (!run->fall_back_local || local_fallback) break;
+      local_fallback = true;  // no prefill worker could do it: the decode worker computes it
+      log_->warn("{}: no prefill worker succeeded; computing the prompt on {}", run->r.id,
+                 run->decode);
+    }
+    Finish(run.get(), local_fallback);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --active_;
+      finished_threads_.push_back(run->load.seq);
+    }
+    cv_.notify_all();
+  }
+
+  void Finish(RequestRun* run, bool fell_back) {
+    const bool local = run->prefill.empty();
+    if (!local && run->finish) metrics_.disaggregated.fetch_add(1);
+    serving::FinishInfo info;
+    const auto now = Clock::now();
+    if (run->finish) {
+      info = *run->finish;
+    } else if (run->cancelled || cancel_all_.load()) {
+      info.reason = serving::FinishReason::kCancelled;
+      info.message = run->cancelled ? "cancelled by the client" : "the server stopped";
+    } else {
+      const Status e = run->error.ok()
+                           ? Unavailable("decode worker " + run->decode + " ended the stream early")
+                           : run->error;
+      info.reason = e.code() == StatusCode::kDeadlineExceeded ? serving::FinishReason::kTimeout
+                                                              : serving::FinishReason::kError;
+      info.message = e.message();
+      if (info.reason == serving::FinishReason::kError) metrics_.worker_failures.fetch_add(1);
+    }
+    info.prompt_tokens = run->load.prompt_tokens;
+    info.completion_tokens = std::max(info.completion_tokens, run->tokens);
+    info.total_seconds = Seconds(now - run->r.arrival);
+    info.ttft_seconds = run->tokens > 0 ? Seconds(run->first_token_at - run->r.arrival) : 0;
+    int computed_prompt = 0;
+    if (run->prefill_result && !local) {
+      info.cached_prompt_tokens = run->prefill_result->cached_tokens;
+      info.queue_seconds = run->prefill_result->queue_seconds +
+                           Seconds(run->committed_at - run->r.arrival);
+      info.prefill_seconds = run->prefill_result->prefill_seconds;
+      info.kv_transfer_seconds = run->prefill_result->transfer_seconds;
+      computed_prompt = run->load.prompt_tokens - run->prefill_result->cached_tokens;
+    } else {
+      // Not disaggregated: no hand-off to break the TTFT into.
+      info.prefill_seconds = info.kv_transfer_seconds = info.first_decode_seconds = -1;
+      if (!run->finish) info.queue_seconds = info.total_seconds;
+      if (run->tokens > 0) computed_prompt = run->load.prompt_tokens - info.cached_prompt_tokens;
+    }
+    // Prediction quality and SLOs, for requests that produced tokens.
+    if (run->tokens > 0) {
+      const double ttft_from_placement = Seconds(run->first_token_at - run->committed_at);
+      const double tbt = run->tokens > 1 ? Seconds(now - run->first_token_at) / (run->tokens - 1) : -1;
+      metrics_.ObservePrediction(run->predicted_ttft_s, ttft_from_placement, run->predicted_tbt_s, tbt);
+      const bool met = (run->slo_ttft_s <= 0 || info.ttft_seconds <= run->slo_ttft_s) &&
+                       (run->slo_tbt_s <= 0 || tbt < 0 || tbt <= run->slo_tbt_s);
+      const bool completed = run->finish && (run->finish->reason == serving::FinishReason::kStop ||
+                                             run->finish->reason == serving::FinishReason::kLength);
+      if (run->slo_ttft_s > 0 || run->slo_tbt_s > 0) metrics_.CountSlo(completed && met);
+      metrics_.PrefillTokens(!completed ? "failed" : (met ? "slo_met" : "slo_missed"),
+                             std::max(0, computed_prompt));
+      std::lock_guard<std::mutex> lock(mu_);
+      expected_output_ = 0.9 * expected_output_ + 0.1 * info.completion_tokens;
+    }
+    (void)fell_back;
+    run->sink->OnFinish(info);
+  }
+
+  // One /v1/decode stream.
+  void RunOnDecode(RequestRun* run, bool local) {
+    const auto client = ClientOf(run->decode);
+    if (!client) {
+      run->error = Unavailable("decode worker " + run->decode + " is gone");
+      return;
+    }
+    DecodeCall call;
+    call.id = run->r.id;
+    call.prompt_tokens = run->r.prompt_tokens;
+    call.max_tokens = run->r.max_tokens;
+    call.ignore_eos = run->r.ignore_eos;
+    call.sampling = run->r.sampling;
+    call.timeout_ms = MillisUntil(run->r.deadline);
+    // The reservation lives as long as the request may: the conductor cancels it explicitly
+    // when the prefill fails, and the worker frees it at the deadline if the conductor is gone.
+    call.kv_wait_ms = call.timeout_ms;
+    call.local = local;
+    auto emit = [&](int32_t token) {
+      if (run->tokens == 0) run->first_token_at = Clock::now();
+      ++run->tokens;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        view_.TokenEmitted(run->load.seq, run->decode);
+      }
+      if (cancel_all_.load() || !run->sink->OnToken(token)) {
+        run->cancelled = !cancel_all_.load();
+        return false;
+      }
+      return true;
+    };
+    auto on_event = [&](const DecodeEvent& e) -> bool {
+      switch (e.kind) {
+        case DecodeEvent::Kind::kReserved: {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            view_.ReservationMade(run->load.seq, run->decode, Clock::now());
+          }
+          if (!Prefill(run, e.reserved)) {
+            // Free the reservation, then (unless the deadline passed) redo it locally.
+            client->Cancel(run->r.id, Clock::now() + std::chrono::seconds(2));
+            run->fall_back_local = run->error.ok();
+            return false;
+          }
+          return emit(run->prefill_result->first_token);
+        }
+        case DecodeEvent::Kind::kToken:
+          if (local && run->tokens == 0) {
+            std::lock_guard<std::mutex> lock(mu_);
+            view_.PrefillDone(run->load.seq, "", run->decode, -1, Clock::now());
+          }
+          return emit(e.token);
+        case DecodeEvent::Kind::kFinish:
+          run->finish = e.finish;
+          return true;
+        case DecodeEvent::Kind::kError:
+          run->error = e.error;
+          return true;
+      }
+      return true;
+    };
+    const Status st = client->Decode(call, run->r.deadline, on_event);
+    if (st.ok() || run->finish || run->cancelled || run->fall_back_local) return;
+    if (st.code() == StatusCode::kResourceExhausted && run->tokens == 0) {
+      run->retry_kv = true;  // no KV room on the decode worker after all
+      return;
+    }
+    if (run->error.ok()) {
+      if (st.code() == StatusCode::kUnavailable) Suspect(run->decode);
+      run->error = st.WithContext("decode worker " + run->decode);
+    }
+  }
+
+  ConductorOptions options_;
+  std::shared_ptr<spdlog::logger> log_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  ClusterView view_;                             // guarded by mu_
+  std::vector<std::string> names_scratch_;       // guarded by mu_
+  std::mt19937_64 rng_;                          // guarded by mu_
+  uint64_t next_seq_ = 0;                        // guarded by mu_
+  double expected_output_ = 64;                  // guarded by mu_: moving average of outputs
+  int active_ = 0;                               // request threads running; guarded by mu_
+  int waiting_for_kv_ = 0;                       // guarded by mu_
+  std::map<uint64_t, std::thread> threads_;      // guarded by mu_
+  std::vector<uint64_t> finished_threads_;       // guarded by mu_: ended, to be joined
+  bool draining_ = false;                        // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
+  std::atomic<bool> cancel_all_{false};
+  std::atomic<double> retry_after_s_{1.0};
+  ConductorMetrics metrics_;                     // thread-safe
+
+  std::thread heartbeat_;  // last: starts after the members above exist
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Conductor>> Conductor::Start(ConductorOptions options) {
+  if (!options.metadata) return InvalidArgument("the conductor needs a metadata store");
+  return std::unique_ptr<Conductor>(std::make_unique<ConductorImpl>(std::move(options)));
+}
+
+}  // namespace tandem::conductor

@@ -1,0 +1,80 @@
+// The conductor of disaggregated serving: a serving::GenerationBackend (so the OpenAI front
+// door of src/server is unchanged) that places each request on a prefill and a decode worker
+// found in the metadata service, by the policy of policy/placement.h, drives the hand-off and
+// relays the tokens.
+//
+// Request flow (cluster/protocol.h): the decode worker reserves the KV blocks its prefix cache
+// lacks and says where they are ("reserved"); the prefill worker computes the prompt, writes
+// its KV into those blocks layer by layer and answers with the first token, which goes to the
+// client at once; the decode worker, notified by the transfer engine, continues and streams the
+// rest. With `local` placement (conditional disaggregation) the decode worker computes the
+// prompt itself.
+//
+// Admission: Submit rejects (ResourceExhausted, HTTP 429 with Retry-After) a request whose
+// predicted TTFT or TBT breaks its SLO, before any work is spent; no decode worker at all is
+// Unavailable (503). A request admitted while no decode worker has KV room waits for room (up
+// to its deadline) instead of failing; so does one whose reservation a worker refused.
+//
+// Failures: a prefill worker that fails is replaced by another (the reservation is kept); with
+// none left the decode worker computes the prompt itself (counted as a fallback). A decode
+// worker that fails ends its requests with an error. Each request's deadline goes to every
+// worker; nothing waits past it.
+//
+// Threading: one thread per request in flight (it mostly waits on sockets), owned by the
+// conductor and joined when it ends or at destruction; one heartbeat thread that refreshes
+// membership and load every `heartbeat`. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "conductor/policy/placement.h"
+#include "serving/backend.h"
+#include "transfer/metadata.h"
+
+namespace tandem::conductor {
+
+using Clock = std::chrono::steady_clock;
+
+struct ConductorOptions {
+  std::shared_ptr<transfer::MetadataStore> metadata;  // where workers publish themselves
+  std::chrono::milliseconds heartbeat{250};
+  std::chrono::milliseconds worker_timeout{2000};  // silent this long: unhealthy
+  int max_inflight = 1024;                          // beyond: ResourceExhausted (429)
+  int vocab_size = 0;                               // > 0: token ids are checked at Submit
+  int max_model_len = 0;                            // > 0: prompt + max_tokens are checked
+  PlacementPolicy placement = PlacementPolicy::kCacheLoad;
+  AdmissionPolicy admission = AdmissionPolicy::kPredictive;
+  bool local_prefill = true;  // conditional disaggregation
+  // Server-wide SLOs (seconds; 0: none); a request's own SLO fields take precedence.
+  double slo_ttft_s = 0;
+  double slo_tbt_s = 0;
+  uint64_t random_seed = 1;   // PlacementPolicy::kRandom
+};
+
+// What the conductor knows of one worker (for /metrics, logs and tests).
+struct WorkerView {
+  cluster::WorkerInfo info;
+  bool healthy = false;
+  int inflight = 0;
+  cluster::WorkerStats stats;
+  double predicted_queue_s = 0;
+};
+
+class Conductor : public serving::GenerationBackend {
+ public:
+  static StatusOr<std::unique_ptr<Conductor>> Start(ConductorOptions options);
+  ~Conductor() override = default;
+
+  // Blocks until at least `prefill` healthy prefill workers and `decode` healthy decode-capable
+  // workers are known; DeadlineExceeded otherwise.
+  virtual Status WaitForWorkers(int prefill, int decode, Clock::time_point deadline) = 0;
+  virtual std::vector<WorkerView> Workers() const = 0;
+  // Counted in tandem_worker_restarts_total (the supervisor restarted a worker process).
+  virtual void CountWorkerRestart(cluster::Role role) = 0;
+};
+
+}  // namespace tandem::conductor

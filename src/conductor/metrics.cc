@@ -1,0 +1,206 @@
+#include "conductor/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "conductor/policy/placement.h"
+
+namespace tandem::conductor {
+namespace {
+
+std::vector<double> SecondsBuckets() {
+  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60};
+}
+std::vector<double> ErrorBuckets() {
+  return {0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5};
+}
+
+}  // namespace
+
+BucketCounts::BucketCounts(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void BucketCounts::Observe(double v) {
+  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+serving::ExtraHistogram BucketCounts::Get(std::string name, std::string help) const {
+  serving::ExtraHistogram h;
+  h.name = std::move(name);
+  h.help = std::move(help);
+  h.upper_bounds = bounds_;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t running = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    running += counts_[i];
+    h.cumulative.push_back(running);
+  }
+  h.sum = sum_;
+  h.count = count_;
+  return h;
+}
+
+ConductorMetrics::ConductorMetrics()
+    : predicted_ttft_(SecondsBuckets()),
+      measured_ttft_(SecondsBuckets()),
+      ttft_error_(ErrorBuckets()),
+      tbt_error_(ErrorBuckets()) {}
+
+void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std::string& name,
+                                         Clock::time_point now) {
+  One o;
+  o.name = name;
+  o.role = cluster::RoleName(w.info.role);
+  o.healthy = w.healthy;
+  o.inflight = static_cast<int>(w.placed.size());
+  o.queue_s = ClusterView::QueueSeconds(w, now);
+  int64_t context = 0;
+  int batch = 0;
+  for (const auto& [seq, d] : w.decodes) {
+    if (!d.joined) continue;
+    ++batch;
+    context += d.prompt_tokens + d.emitted;
+  }
+  o.decoding = batch;
+  o.decode_step_s = w.info.cost.valid() && batch > 0 ? w.info.cost.DecodeStepSeconds(batch, context) : 0;
+  workers.push_back(o);
+  if (w.healthy) {
+    transfer_failures += w.stats.transfer_failures;
+    transfer_timeouts += w.stats.transfer_timeouts;
+    kv_wait_timeouts += w.stats.kv_wait_timeouts;
+    kv_bytes += w.stats.kv_bytes_pushed;
+  }
+}
+
+void ConductorMetrics::Reject(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rejections_[reason]++;
+}
+
+void ConductorMetrics::CountSlo(bool met) {
+  std::lock_guard<std::mutex> lock(mu_);
+  (met ? slo_met_ : slo_missed_)++;
+}
+
+void ConductorMetrics::PrefillTokens(const std::string& outcome, int64_t tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prefill_tokens_[outcome] += tokens;
+}
+
+void ConductorMetrics::ObservePrediction(double predicted_ttft, double measured_ttft,
+                                         double predicted_tbt, double measured_tbt) {
+  if (predicted_ttft > 0 && measured_ttft > 0) {
+    predicted_ttft_.Observe(predicted_ttft);
+    measured_ttft_.Observe(measured_ttft);
+    ttft_error_.Observe(std::fabs(predicted_ttft - measured_ttft) / measured_ttft);
+  }
+  if (predicted_tbt > 0 && measured_tbt > 0) {
+    tbt_error_.Observe(std::fabs(predicted_tbt - measured_tbt) / measured_tbt);
+  }
+}
+
+void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats* s) const {
+  std::map<std::string, std::pair<int, int>> by_role;  // role -> (healthy, all)
+  for (const auto& w : totals.workers) {
+    auto& r = by_role[w.role];
+    r.second++;
+    if (w.healthy) r.first++;
+  }
+  for (const char* role : {"prefill", "decode", "mixed"}) {
+    const auto it = by_role.find(role);
+    const auto counts = it == by_role.end() ? std::make_pair(0, 0) : it->second;
+    s->extra.push_back({"tandem_workers", "Workers known to the conductor, by role and state.",
+                        false, {{"role", role}, {"state", "healthy"}}, double(counts.first)});
+    s->extra.push_back({"tandem_workers", "", false, {{"role", role}, {"state", "unhealthy"}},
+                        double(counts.second - counts.first)});
+  }
+  for (const auto& w : totals.workers) {
+    s->extra.push_back({"tandem_worker_inflight_requests",
+                        "Requests the conductor has placed on each worker and not seen end "
+                        "(prefill workers: until the prefill is done).",
+                        false, {{"worker", w.name}}, double(w.inflight)});
+    s->extra.push_back({"tandem_worker_predicted_queue_seconds",
+                        "Predicted prefill work placed on each worker and not yet done.", false,
+                        {{"worker", w.name}}, w.queue_s});
+    s->extra.push_back({"tandem_worker_predicted_decode_step_seconds",
+                        "Predicted decode step time of each worker's current batch (cost model).",
+                        false, {{"worker", w.name}}, w.decode_step_s});
+  }
+  auto counter = [&](const char* name, const char* help, double v) {
+    s->extra.push_back({name, help, true, {}, v});
+  };
+  counter("tandem_disaggregated_requests_total",
+          "Requests whose prompt was computed on a prefill worker and KV moved to a decode worker.",
+          double(disaggregated.load()));
+  counter("tandem_colocated_fallback_requests_total",
+          "Requests computed on their decode worker because every prefill attempt failed.",
+          double(fallbacks.load()));
+  counter("tandem_local_prefill_requests_total",
+          "Requests whose prompt the conductor chose to compute on the decode worker (conditional "
+          "disaggregation: cheaper than prefill queue + transfer, within the TBT SLO).",
+          double(local_prefills.load()));
+  counter("tandem_kv_wait_requests_total",
+          "Admitted requests that waited because no decode worker had room for their KV.",
+          double(kv_waits.load()));
+  counter("tandem_prefill_retries_total", "Prefill attempts that failed and were retried elsewhere.",
+          double(prefill_retries.load()));
+  counter("tandem_worker_failures_total",
+          "Requests that failed because a worker's connection broke or it answered an error.",
+          double(worker_failures.load()));
+  counter("tandem_worker_restarts_total", "Worker processes restarted by the supervisor.",
+          double(restarts.load()));
+  counter("tandem_kv_transfer_failures_total",
+          "KV pushes that failed (sum over live prefill workers).", double(totals.transfer_failures));
+  counter("tandem_kv_transfer_timeouts_total",
+          "KV pushes that timed out (sum over live prefill workers).", double(totals.transfer_timeouts));
+  counter("tandem_kv_wait_timeouts_total",
+          "Decode reservations whose KV never arrived (sum over live decode workers).",
+          double(totals.kv_wait_timeouts));
+  counter("tandem_kv_transfer_bytes_total", "KV bytes pushed from prefill to decode workers.",
+          double(totals.kv_bytes));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t all = 0;
+    for (const char* reason : {"ttft_slo", "tbt_slo", "no_decode_worker", "inflight_limit"}) {
+      const auto it = rejections_.find(reason);
+      const int64_t n = it == rejections_.end() ? 0 : it->second;
+      all += n;
+      s->extra.push_back({"tandem_rejections_total",
+                          "Requests refused at admission, by reason (ttft_slo / tbt_slo: the "
+                          "predicted TTFT / TBT broke the SLO, before any work was spent).",
+                          true, {{"reason", reason}}, double(n)});
+    }
+    counter("tandem_placement_rejections_total",
+            "Requests refused at admission (all reasons; see tandem_rejections_total).", double(all));
+    for (const char* outcome : {"slo_met", "slo_missed", "failed"}) {
+      const auto it = prefill_tokens_.find(outcome);
+      s->extra.push_back({"tandem_prefill_tokens_total",
+                          "Prompt tokens computed (not cached), by the request's outcome: slo_met "
+                          "(or no SLO), slo_missed (wasted work), failed.",
+                          true, {{"outcome", outcome}},
+                          double(it == prefill_tokens_.end() ? 0 : it->second)});
+    }
+    s->extra.push_back({"tandem_slo_requests_total",
+                        "Admitted requests with an SLO, by whether they completed within it.", true,
+                        {{"outcome", "met"}}, double(slo_met_)});
+    s->extra.push_back({"tandem_slo_requests_total", "", true, {{"outcome", "missed"}},
+                        double(slo_missed_)});
+  }
+  s->extra_histograms.push_back(predicted_ttft_.Get(
+      "tandem_predicted_ttft_seconds", "TTFT the conductor predicted at placement."));
+  s->extra_histograms.push_back(measured_ttft_.Get(
+      "tandem_measured_ttft_seconds",
+      "TTFT measured from placement (the span the prediction covers; waits before it excluded)."));
+  s->extra_histograms.push_back(ttft_error_.Get(
+      "tandem_ttft_prediction_relative_error", "|predicted - measured| / measured TTFT."));
+  s->extra_histograms.push_back(tbt_error_.Get(
+      "tandem_tbt_prediction_relative_error",
+      "|predicted - measured| / measured time between tokens (the decode step predicted when the "
+      "request joined its batch against the request's mean TBT)."));
+}
+
+}  // namespace tandem::conductor

@@ -1,0 +1,80 @@
+// The conductor's own figures for /metrics: placement outcomes (rejections by reason, local
+// prefills, waits for KV room), SLO attainment, prefill work by the request's outcome (work
+// spent on requests that then missed their SLO is "wasted"), and how good its predictions are
+// (|predicted - measured| / measured of TTFT and of time between tokens).
+//
+// Thread-safety: thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "conductor/cluster_view.h"
+#include "serving/backend.h"
+
+namespace tandem::conductor {
+
+// Cumulative-bucket histogram for the exposition (ExtraHistogram). Thread-safe.
+class BucketCounts {
+ public:
+  explicit BucketCounts(std::vector<double> upper_bounds);
+  void Observe(double v);
+  serving::ExtraHistogram Get(std::string name, std::string help) const;
+
+ private:
+  const std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // per bucket, bounds_.size() + 1 (the last is +Inf)
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class ConductorMetrics {
+ public:
+  ConductorMetrics();
+
+  // Per-worker gauges, gathered under the conductor's lock.
+  struct WorkerTotals {
+    struct One {
+      std::string name, role;
+      bool healthy = false;
+      int inflight = 0;
+      double queue_s = 0;
+      double decode_step_s = 0;  // predicted for its current batch (0: no model or empty)
+      int decoding = 0;
+    };
+    std::vector<One> workers;
+    // Sums over live workers.
+    uint64_t transfer_failures = 0, transfer_timeouts = 0, kv_wait_timeouts = 0, kv_bytes = 0;
+    void Add(const ClusterView::Worker& w, const std::string& name, Clock::time_point now);
+  };
+
+  void Reject(const std::string& reason);
+  void CountSlo(bool met);
+  void PrefillTokens(const std::string& outcome, int64_t tokens);
+  // Seconds; a measured value <= 0 or a prediction <= 0 is not observed.
+  void ObservePrediction(double predicted_ttft, double measured_ttft, double predicted_tbt,
+                         double measured_tbt);
+  void Export(const WorkerTotals& totals, serving::BackendStats* out) const;
+
+  std::atomic<int64_t> disaggregated{0};
+  std::atomic<int64_t> fallbacks{0};
+  std::atomic<int64_t> local_prefills{0};
+  std::atomic<int64_t> kv_waits{0};
+  std::atomic<int64_t> prefill_retries{0};
+  std::atomic<int64_t> worker_failures{0};
+  std::atomic<int64_t> restarts{0};
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> rejections_;      // guarded by mu_
+  std::map<std::string, int64_t> prefill_tokens_;  // guarded by mu_
+  int64_t slo_met_ = 0, slo_missed_ = 0;           // guarded by mu_
+  BucketCounts predicted_ttft_, measured_ttft_, ttft_error_, tbt_error_;
+};
+
+}  // namespace tandem::conductor

@@ -1,0 +1,138 @@
+#include "conductor/worker_client.h"
+
+#include <algorithm>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace tandem::conductor {
+namespace {
+
+constexpr size_t kMaxIdleConnections = 16;
+
+int64_t MillisUntil(Clock::time_point t) {
+  if (t == Clock::time_point::max()) return 24LL * 3600 * 1000;
+  return std::clamp<int64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count(), 1,
+      24LL * 3600 * 1000);
+}
+
+void SetTimeouts(httplib::Client& c, Clock::time_point deadline) {
+  const int64_t ms = MillisUntil(deadline);
+  const int64_t connect_ms = std::min<int64_t>(ms, 2000);
+  c.set_connection_timeout(connect_ms / 1000, (connect_ms % 1000) * 1000);
+  c.set_read_timeout(ms / 1000, (ms % 1000) * 1000);
+  c.set_write_timeout(10, 0);
+}
+
+}  // namespace
+
+WorkerClient::WorkerClient(std::string host, int port) : host_(std::move(host)), port_(port) {}
+WorkerClient::~WorkerClient() = default;
+
+std::unique_ptr<httplib::Client> WorkerClient::NewClient(Clock::time_point deadline,
+                                                         bool keep_alive) const {
+  auto c = std::make_unique<httplib::Client>(host_, port_);
+  c->set_keep_alive(keep_alive);
+  SetTimeouts(*c, deadline);
+  return c;
+}
+
+std::unique_ptr<httplib::Client> WorkerClient::Take(Clock::time_point deadline) {
+  std::unique_ptr<httplib::Client> c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      c = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  if (!c) return NewClient(deadline, /*keep_alive=*/true);
+  SetTimeouts(*c, deadline);
+  return c;
+}
+
+void WorkerClient::Give(std::unique_ptr<httplib::Client> c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(c));
+}
+
+StatusOr<cluster::WorkerStats> WorkerClient::Stats(Clock::time_point deadline) {
+  auto c = Take(deadline);
+  auto res = c->Get("/stats");
+  if (!res) return Unavailable("no answer to /stats: " + httplib::to_string(res.error()));
+  if (res->status != 200) return Unavailable("/stats answered " + std::to_string(res->status));
+  auto stats = cluster::WorkerStats::FromJson(res->body);
+  Give(std::move(c));
+  return stats;
+}
+
+StatusOr<cluster::PrefillResult> WorkerClient::Prefill(const cluster::PrefillCall& call,
+                                                       Clock::time_point deadline) {
+  // Slack past the request's deadline: the worker answers with its own timeout first.
+  auto c = Take(deadline + std::chrono::seconds(5));
+  auto res = c->Post("/v1/prefill", call.ToJson(), "application/json");
+  if (!res) return Unavailable("connection failed: " + httplib::to_string(res.error()));
+  Give(std::move(c));
+  if (res->status != 200) {
+    return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
+  }
+  return cluster::PrefillResult::FromJson(res->body);
+}
+
+void WorkerClient::Cancel(const std::string& id, Clock::time_point deadline) {
+  auto c = Take(deadline);
+  auto res = c->Post("/v1/cancel", nlohmann::json{{"id", id}}.dump(), "application/json");
+  if (res) Give(std::move(c));
+}
+
+Status WorkerClient::Decode(const cluster::DecodeCall& call, Clock::time_point deadline,
+                            const std::function<bool(const cluster::DecodeEvent&)>& on_event) {
+  auto c = NewClient(deadline + std::chrono::seconds(5), /*keep_alive=*/false);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/decode";
+  req.body = call.ToJson();
+  req.set_header("Content-Type", "application/json");
+  int http_status = 0;
+  std::string error_body, buffer;
+  Status parse_error;
+  bool stopped = false;
+  req.response_handler = [&](const httplib::Response& res) {
+    http_status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    if (http_status != 200) {
+      error_body.append(data, len);
+      return true;
+    }
+    buffer.append(data, len);
+    size_t start = 0;
+    for (size_t nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+      auto e = cluster::DecodeEvent::FromJson(buffer.substr(start, nl - start));
+      if (!e.ok()) {
+        parse_error = e.status();
+        return false;
+      }
+      if (!on_event(*e)) {
+        stopped = true;
+        return false;
+      }
+    }
+    buffer.erase(0, start);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  const bool sent = c->send(req, res, err);
+  if (!parse_error.ok()) return parse_error;
+  if (http_status != 0 && http_status != 200) {
+    return cluster::StatusFromErrorJson(error_body, "answered " + std::to_string(http_status));
+  }
+  if (stopped) return OkStatus();
+  if (!sent) return Unavailable("connection failed: " + httplib::to_string(err));
+  return OkStatus();
+}
+
+}  // namespace tandem::conductor
