@@ -147,7 +147,6 @@ void ClusterView::Commit(const RequestLoad& r, const Placement& p, const std::st
     const int need = (r.prompt_tokens + 1 + bt - 1) / bt - p.decode_cached_tokens / bt;
     d->promises[r.seq] = Worker::Promise{std::max(0, need)};
     if (prefill.empty()) d->prefills[r.seq] = {p.predicted_prefill_s, now};
-    for (uint64_t k : r.keys) d->placed_keys[k] = now;
   }
   if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
     w->placed.insert(r.seq);
@@ -163,8 +162,9 @@ void ClusterView::ReservationMade(uint64_t seq, const std::string& decode, Clock
   }
 }
 
-void ClusterView::PrefillDone(uint64_t seq, const std::string& prefill, const std::string& decode,
-                              double transfer_s, Clock::time_point now) {
+void ClusterView::PrefillDone(const RequestLoad& r, const std::string& prefill,
+                              const std::string& decode, double transfer_s, Clock::time_point now) {
+  const uint64_t seq = r.seq;
   if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
     w->prefills.erase(seq);
     w->placed.erase(seq);
@@ -172,6 +172,7 @@ void ClusterView::PrefillDone(uint64_t seq, const std::string& prefill, const st
   }
   if (Worker* d = Find(decode)) {
     d->prefills.erase(seq);  // a local prefill
+    for (uint64_t k : r.keys) d->placed_keys[k] = now;
     auto it = d->decodes.find(seq);
     if (it != d->decodes.end()) {
       it->second.joined = true;

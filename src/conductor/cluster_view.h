@@ -84,7 +84,8 @@ class ClusterView {
   void Commit(const RequestLoad& r, const Placement& p, const std::string& decode,
               const std::string& prefill, int expected_output, Clock::time_point now);
   void ReservationMade(uint64_t seq, const std::string& decode, Clock::time_point now);
-  void PrefillDone(uint64_t seq, const std::string& prefill, const std::string& decode,
+  // The prompt's KV is on the decode worker now (its prefix cache will hold it).
+  void PrefillDone(const RequestLoad& r, const std::string& prefill, const std::string& decode,
                    double transfer_s, Clock::time_point now);
   void TokenEmitted(uint64_t seq, const std::string& decode);
   // Forgets everything of the request on both workers (finished, failed or re-placed).

@@ -255,15 +255,21 @@ class ConductorImpl final : public Conductor {
     std::unique_lock<std::mutex> lock(mu_);
     bool counted_wait = false;
     while (true) {
-      Placement p = first ? run->placement
-                          : PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
+      Placement p;
+      if (first) {
+        p = run->placement;
+      } else if (force_local) {
+        // The same decode worker computes the prompt itself (it was chosen for this request
+        // and answered; a heartbeat may not have seen it since a stall).
+        p = run->placement;
+        p.local = true;
+        p.prefill = -1;
+        run->prefill.clear();
+      } else {
+        p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
+      }
       first = false;
       if (p.outcome == Placement::Outcome::kPlaced) {
-        if (force_local) {
-          p.local = true;
-          p.prefill = -1;
-          run->prefill.clear();
-        }
         run->placement = p;
         run->committed_at = Clock::now();
         view_.Commit(run->load, p, run->decode, run->prefill, ExpectedOutputLocked(),
@@ -411,16 +417,17 @@ class ConductorImpl final : public Conductor {
         call.sampling = run->r.sampling;
         call.timeout_ms = MillisUntil(run->r.deadline);
         call.target = target;
-        auto result = client->Prefill(call, run->r.deadline);
+        bool connection_failed = false;
+        auto result = client->Prefill(call, run->r.deadline, &connection_failed);
         if (result.ok()) {
           run->prefill_result = *result;
           std::lock_guard<std::mutex> lock(mu_);
-          view_.PrefillDone(run->load.seq, run->prefill, run->decode, result->transfer_seconds,
+          view_.PrefillDone(run->load, run->prefill, run->decode, result->transfer_seconds,
                             Clock::now());
           return true;
         }
         st = result.status().WithContext("prefill worker " + run->prefill);
-        if (st.code() == StatusCode::kUnavailable) Suspect(run->prefill);
+        if (connection_failed) Suspect(run->prefill);
       } else {
         st = NotFound("prefill worker " + run->prefill + " is gone");
       }
@@ -588,7 +595,7 @@ class ConductorImpl final : public Conductor {
         case DecodeEvent::Kind::kToken:
           if (local && run->tokens == 0) {
             std::lock_guard<std::mutex> lock(mu_);
-            view_.PrefillDone(run->load.seq, "", run->decode, -1, Clock::now());
+            view_.PrefillDone(run->load, "", run->decode, -1, Clock::now());
           }
           return emit(e.token);
         case DecodeEvent::Kind::kFinish:
@@ -600,14 +607,15 @@ class ConductorImpl final : public Conductor {
       }
       return true;
     };
-    const Status st = client->Decode(call, run->r.deadline, on_event);
+    bool connection_failed = false;
+    const Status st = client->Decode(call, run->r.deadline, on_event, &connection_failed);
     if (st.ok() || run->finish || run->cancelled || run->fall_back_local) return;
     if (st.code() == StatusCode::kResourceExhausted && run->tokens == 0) {
       run->retry_kv = true;  // no KV room on the decode worker after all
       return;
     }
     if (run->error.ok()) {
-      if (st.code() == StatusCode::kUnavailable) Suspect(run->decode);
+      if (connection_failed) Suspect(run->decode);
       run->error = st.WithContext("decode worker " + run->decode);
     }
   }

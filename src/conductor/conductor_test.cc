@@ -1,1 +1,359 @@
+// The conductor against fake workers: real HTTP servers on loopback speaking the control
+// protocol (cluster/protocol.h) without an engine, so that placement, retries, waits for KV
+// room, rejection and shutdown are tested deterministically and fast.
+#include "conductor/conductor.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "serving/block_keys.h"
+#include "transfer/metadata.h"
+
+namespace tandem::conductor {
+namespace {
+
+using namespace std::chrono_literals;
+using cluster::DecodeCall;
+using cluster::DecodeEvent;
+using cluster::PrefillCall;
+using cluster::Role;
+
+constexpr int32_t kFirstToken = 7;
+
+// What the transfer engine's notification does between real workers: the prefill side tells
+// the decode side that a request's KV is in place.
+class HandoffBoard {
+ public:
+  void Done(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.insert(id);
+    cv_.notify_all();
+  }
+  bool Wait(const std::string& id, std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return done_.count(id) > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> done_;
+};
+
+// 1 ms per prompt token, 10 ms decode steps.
+CostModel Cost() {
+  CostModel m;
+  m.prefill_per_token_s = 0.001;
+  m.decode_base_s = 0.010;
+  m.source = "test";
+  return m;
+}
+
+class FakeWorker {
+ public:
+  FakeWorker(std::shared_ptr<transfer::MetadataStore> md, HandoffBoard* board, std::string name,
+             Role role)
+      : md_(std::move(md)), board_(board) {
+    info_.name = std::move(name);
+    info_.role = role;
+    info_.host = "127.0.0.1";
+    info_.kv_segment = info_.name + "/kv";
+    info_.block_tokens = 16;
+    info_.n_layers = 2;
+    info_.layer_slice_bytes = 1024;
+    info_.kv_blocks = 1000;
+    info_.incarnation = 1;
+    info_.cost = Cost();
+    server_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+      cluster::WorkerStats s;
+      s.backend.kv_blocks_total = info_.kv_blocks;
+      std::lock_guard<std::mutex> lock(mu_);
+      s.cached_block_keys = cached_keys_;
+      res.set_content(s.ToJson(), "application/json");
+    });
+    server_.Post("/v1/prefill", [this](const httplib::Request& req, httplib::Response& res) {
+      auto call = PrefillCall::FromJson(req.body);
+      ASSERT_TRUE(call.ok());
+      prefills.fetch_add(1);
+      if (fail_prefill.load()) {
+        res.status = 503;
+        res.set_content(cluster::ErrorJson(Unavailable("injected prefill failure")), "application/json");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(call->prompt_tokens.size()));
+      board_->Done(call->id);
+      cluster::PrefillResult r;
+      r.first_token = kFirstToken;
+      res.set_content(r.ToJson(), "application/json");
+    });
+    server_.Post("/v1/cancel", [this](const httplib::Request&, httplib::Response& res) {
+      cancels.fetch_add(1);
+      res.set_content("{}", "application/json");
+    });
+    server_.Post("/v1/decode", [this](const httplib::Request& req, httplib::Response& res) {
+      auto call = DecodeCall::FromJson(req.body);
+      ASSERT_TRUE(call.ok());
+      decodes.fetch_add(1);
+      if (kv_full_answers.load() > 0) {
+        kv_full_answers.fetch_sub(1);
+        res.status = 429;
+        res.set_content(cluster::ErrorJson(ResourceExhausted("no room now")), "application/json");
+        return;
+      }
+      if (call->local) locals.fetch_add(1);
+      auto state = std::make_shared<int>(call->local ? 1 : 0);  // 0: reserve, 1: tokens
+      auto sent = std::make_shared<int>(call->local ? 0 : 1);   // the prefill sent the first
+      res.set_chunked_content_provider(
+          "application/x-ndjson",
+          [this, call = *call, state, sent](size_t, httplib::DataSink& out) {
+            DecodeEvent e;
+            if (*state == 0) {
+              e.kind = DecodeEvent::Kind::kReserved;
+              e.reserved.segment = info_.kv_segment;
+              e.reserved.blocks = {1, 2, 3};
+              e.reserved.block_tokens = 16;
+              e.reserved.n_layers = 2;
+              e.reserved.layer_slice_bytes = 1024;
+              e.reserved.decode_worker = info_.name;
+              *state = 1;
+              const std::string line = e.ToJson() + "\n";
+              return out.write(line.data(), line.size());
+            }
+            if (*sent == 1 && !call.local && !board_->Wait(call.id, 20ms)) {
+              return !out.is_writable || out.is_writable();  // keep waiting while connected
+            }
+            if (*sent < call.max_tokens) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms.load()));
+              e.kind = DecodeEvent::Kind::kToken;
+              e.token = *sent == 0 ? kFirstToken : 100 + *sent;
+              ++*sent;
+              const std::string line = e.ToJson() + "\n";
+              return out.write(line.data(), line.size());
+            }
+            e.kind = DecodeEvent::Kind::kFinish;
+            e.finish.reason = serving::FinishReason::kLength;
+            e.finish.completion_tokens = call.max_tokens;
+            const std::string line = e.ToJson() + "\n";
+            out.write(line.data(), line.size());
+            out.done();
+            return true;
+          });
+    });
+    info_.port = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    EXPECT_TRUE(md_->Put(std::string(cluster::kWorkersPrefix) + info_.name, info_.ToJson()).ok());
+  }
+  ~FakeWorker() {
+    server_.stop();
+    thread_.join();
+  }
+  void SetCachedKeys(std::vector<uint64_t> keys) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cached_keys_ = std::move(keys);
+  }
+
+  std::atomic<int> prefills{0}, decodes{0}, locals{0}, cancels{0};
+  std::atomic<bool> fail_prefill{false};
+  std::atomic<int> kv_full_answers{0};
+  std::atomic<int> token_delay_ms{1};
+
+ private:
+  std::shared_ptr<transfer::MetadataStore> md_;
+  HandoffBoard* board_;
+  cluster::WorkerInfo info_;
+  httplib::Server server_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<uint64_t> cached_keys_;
+};
+
+class Sink : public serving::GenerationSink {
+ public:
+  bool OnToken(int32_t token) override {
+    tokens.push_back(token);
+    return true;
+  }
+  void OnFinish(const serving::FinishInfo& info) override { done.set_value(info); }
+  serving::FinishInfo Wait() {
+    auto f = done.get_future();
+    EXPECT_EQ(f.wait_for(20s), std::future_status::ready);
+    return f.get();
+  }
+  std::vector<int32_t> tokens;
+  std::promise<serving::FinishInfo> done;
+};
+
+serving::GenerationRequest Request(const std::string& id, int prompt_tokens, int max_tokens) {
+  serving::GenerationRequest r;
+  r.id = id;
+  for (int i = 0; i < prompt_tokens; ++i) r.prompt_tokens.push_back(i % 50);
+  r.max_tokens = max_tokens;
+  r.deadline = Clock::now() + 30s;
+  return r;
+}
+
+double Metric(const serving::BackendStats& s, const std::string& name,
+              const std::pair<std::string, std::string>& label = {}) {
+  for (const auto& m : s.extra) {
+    if (m.name != name) continue;
+    if (label.first.empty()) return m.value;
+    for (const auto& l : m.labels) {
+      if (l == label) return m.value;
+    }
+  }
+  return -1;
+}
+
+class ConductorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto md = transfer::OpenMetadataStore(
+        std::string("embedded:conductor-test-") +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(md.ok());
+    md_ = *md;
+  }
+  std::unique_ptr<Conductor> Start(ConductorOptions o, int prefill, int decode) {
+    o.metadata = md_;
+    o.heartbeat = 20ms;
+    auto c = Conductor::Start(o);
+    EXPECT_TRUE(c.ok());
+    EXPECT_TRUE((*c)->WaitForWorkers(prefill, decode, Clock::now() + 10s).ok());
+    return std::move(*c);
+  }
+  std::shared_ptr<transfer::MetadataStore> md_;
+  HandoffBoard board_;
+};
+
+TEST_F(ConductorTest, PlacesOnTheWorkerHoldingThePrefixAndRelaysEveryToken) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker p1(md_, &board_, "prefill-1", Role::kPrefill);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  auto req = Request("r1", 320, 5);
+  p1.SetCachedKeys(serving::BlockKeys(req.prompt_tokens, 16));  // p1 holds the whole prompt
+  auto c = Start({}, 2, 1);
+  // Wait for a heartbeat carrying the keys.
+  for (auto until = Clock::now() + 5s; Clock::now() < until;) {
+    bool seen = false;
+    for (const auto& w : c->Workers()) seen |= w.info.name == "prefill-1" && !w.stats.cached_block_keys.empty();
+    if (seen) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(req, sink).ok());
+  const auto info = sink->Wait();
+  EXPECT_EQ(info.reason, serving::FinishReason::kLength);
+  EXPECT_EQ(sink->tokens, (std::vector<int32_t>{kFirstToken, 101, 102, 103, 104}));
+  EXPECT_EQ(p1.prefills.load(), 1);
+  EXPECT_EQ(p0.prefills.load(), 0);
+  EXPECT_EQ(Metric(c->Stats(), "tandem_disaggregated_requests_total"), 1);
+}
+
+TEST_F(ConductorTest, AFailedPrefillIsRetriedOnAnotherWorker) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker p1(md_, &board_, "prefill-1", Role::kPrefill);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  p0.fail_prefill = true;
+  p1.fail_prefill = true;
+  auto c = Start({}, 2, 1);
+  // Both fail: the decode worker computes the prompt itself (a fallback), after cancelling
+  // the reservation.
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(Request("r1", 64, 3), sink).ok());
+  EXPECT_EQ(sink->Wait().reason, serving::FinishReason::kLength);
+  EXPECT_EQ(p0.prefills.load() + p1.prefills.load(), 2);
+  EXPECT_EQ(d0.locals.load(), 1);
+  EXPECT_EQ(d0.cancels.load(), 1);
+  auto stats = c->Stats();
+  EXPECT_EQ(Metric(stats, "tandem_prefill_retries_total"), 1);
+  EXPECT_EQ(Metric(stats, "tandem_colocated_fallback_requests_total"), 1);
+  // One recovers: the next request is disaggregated again.
+  p1.fail_prefill = false;
+  auto sink2 = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(Request("r2", 64, 3), sink2).ok());
+  EXPECT_EQ(sink2->Wait().reason, serving::FinishReason::kLength);
+  EXPECT_EQ(sink2->tokens.size(), 3u);
+}
+
+TEST_F(ConductorTest, PredictedSloBreachIsRejectedBeforeAnyWork) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  ConductorOptions o;
+  o.slo_ttft_s = 0.100;  // 1,000 prompt tokens are predicted at 1 s
+  auto c = Start(o, 1, 1);
+  auto sink = std::make_shared<Sink>();
+  const Status st = c->Submit(Request("r1", 1000, 3), sink);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("TTFT SLO"), std::string::npos) << st.message();
+  EXPECT_GE(c->RetryAfterSeconds(), 1);
+  EXPECT_EQ(p0.prefills.load() + d0.decodes.load(), 0);
+  EXPECT_EQ(Metric(c->Stats(), "tandem_rejections_total", {"reason", "ttft_slo"}), 1);
+  // A request's own, looser SLO admits it; a short prompt meets the server's.
+  auto loose = Request("r2", 1000, 3);
+  loose.slo_ttft_seconds = 5;
+  auto sink2 = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(loose, sink2).ok());
+  EXPECT_EQ(sink2->Wait().reason, serving::FinishReason::kLength);
+  // Without admission control nothing is rejected.
+  o.admission = AdmissionPolicy::kNone;
+  auto c2 = Start(o, 1, 1);
+  auto sink3 = std::make_shared<Sink>();
+  EXPECT_TRUE(c2->Submit(Request("r3", 1000, 2), sink3).ok());
+  EXPECT_EQ(sink3->Wait().reason, serving::FinishReason::kLength);
+}
+
+TEST_F(ConductorTest, NoKvRoomOnTheDecodeWorkerMeansWaitNotFail) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  d0.kv_full_answers = 2;  // refuses two reservations, then has room
+  auto c = Start({}, 1, 1);
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(Request("r1", 64, 4), sink).ok());
+  const auto info = sink->Wait();
+  EXPECT_EQ(info.reason, serving::FinishReason::kLength) << info.message;
+  EXPECT_EQ(sink->tokens.size(), 4u);
+  EXPECT_EQ(d0.decodes.load(), 3);
+  EXPECT_EQ(p0.prefills.load(), 1);
+}
+
+TEST_F(ConductorTest, WithoutDecodeWorkersRequestsAreUnavailable) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  auto c = Start({}, 1, 0);
+  auto sink = std::make_shared<Sink>();
+  const Status st = c->Submit(Request("r1", 10, 2), sink);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Metric(c->Stats(), "tandem_rejections_total", {"reason", "no_decode_worker"}), 1);
+}
+
+TEST_F(ConductorTest, DestroyingTheConductorEndsRequestsInFlight) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  d0.token_delay_ms = 50;  // 1,000 tokens would take 50 s
+  auto c = Start({}, 1, 1);
+  std::vector<std::shared_ptr<Sink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_shared<Sink>());
+    ASSERT_TRUE(c->Submit(Request("r" + std::to_string(i), 32, 1000), sinks.back()).ok());
+  }
+  std::this_thread::sleep_for(300ms);
+  const auto start = Clock::now();
+  c.reset();  // joins every request thread
+  EXPECT_LT(Clock::now() - start, 5s);
+  for (auto& s : sinks) {
+    auto f = s->done.get_future();
+    ASSERT_EQ(f.wait_for(0s), std::future_status::ready);
+    EXPECT_EQ(f.get().reason, serving::FinishReason::kCancelled);
+    EXPECT_GT(s->tokens.size(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::conductor

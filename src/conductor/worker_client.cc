@@ -68,11 +68,15 @@ StatusOr<cluster::WorkerStats> WorkerClient::Stats(Clock::time_point deadline) {
 }
 
 StatusOr<cluster::PrefillResult> WorkerClient::Prefill(const cluster::PrefillCall& call,
-                                                       Clock::time_point deadline) {
+                                                       Clock::time_point deadline,
+                                                       bool* connection_failed) {
   // Slack past the request's deadline: the worker answers with its own timeout first.
   auto c = Take(deadline + std::chrono::seconds(5));
   auto res = c->Post("/v1/prefill", call.ToJson(), "application/json");
-  if (!res) return Unavailable("connection failed: " + httplib::to_string(res.error()));
+  if (!res) {
+    if (connection_failed) *connection_failed = true;
+    return Unavailable("connection failed: " + httplib::to_string(res.error()));
+  }
   Give(std::move(c));
   if (res->status != 200) {
     return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
@@ -87,7 +91,8 @@ void WorkerClient::Cancel(const std::string& id, Clock::time_point deadline) {
 }
 
 Status WorkerClient::Decode(const cluster::DecodeCall& call, Clock::time_point deadline,
-                            const std::function<bool(const cluster::DecodeEvent&)>& on_event) {
+                            const std::function<bool(const cluster::DecodeEvent&)>& on_event,
+                            bool* connection_failed) {
   auto c = NewClient(deadline + std::chrono::seconds(5), /*keep_alive=*/false);
   httplib::Request req;
   req.method = "POST";
@@ -131,7 +136,10 @@ Status WorkerClient::Decode(const cluster::DecodeCall& call, Clock::time_point d
     return cluster::StatusFromErrorJson(error_body, "answered " + std::to_string(http_status));
   }
   if (stopped) return OkStatus();
-  if (!sent) return Unavailable("connection failed: " + httplib::to_string(err));
+  if (!sent) {
+    if (connection_failed) *connection_failed = true;
+    return Unavailable("connection failed: " + httplib::to_string(err));
+  }
   return OkStatus();
 }
 

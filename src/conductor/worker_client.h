@@ -37,9 +37,11 @@ class WorkerClient {
   // GET /stats. Unavailable if the worker does not answer by `deadline`.
   StatusOr<cluster::WorkerStats> Stats(Clock::time_point deadline);
 
-  // POST /v1/prefill. Unavailable when the connection fails; the worker's error otherwise.
+  // POST /v1/prefill. Unavailable when the connection fails (then *connection_failed, if
+  // given, is set: the worker itself may be gone); the worker's error otherwise.
   StatusOr<cluster::PrefillResult> Prefill(const cluster::PrefillCall& call,
-                                           Clock::time_point deadline);
+                                           Clock::time_point deadline,
+                                           bool* connection_failed = nullptr);
 
   // POST /v1/cancel (best effort, bounded by `deadline`).
   void Cancel(const std::string& id, Clock::time_point deadline);
@@ -49,8 +51,10 @@ class WorkerClient {
   // when the stream was read to its end or stopped by on_event; the worker's error when it
   // answered with one before streaming (e.g. ResourceExhausted: no KV room now); Unavailable
   // when the connection broke; a malformed line is InvalidArgument.
+  // *connection_failed as for Prefill.
   Status Decode(const cluster::DecodeCall& call, Clock::time_point deadline,
-                const std::function<bool(const cluster::DecodeEvent&)>& on_event);
+                const std::function<bool(const cluster::DecodeEvent&)>& on_event,
+                bool* connection_failed = nullptr);
 
  private:
   std::unique_ptr<httplib::Client> Take(Clock::time_point deadline);

@@ -22,16 +22,27 @@ def run_all(server, requests, streaming):
         return list(pool.map(one, requests))
 
 
+_EXPECTED = {}
+
+
+def expected_answers(requests):
+    """The colocated mode's answers to `requests` (computed once per module)."""
+    if "answers" not in _EXPECTED:
+        server = colocated()
+        try:
+            _EXPECTED["answers"] = run_all(server, requests, streaming=False)
+        finally:
+            server.stop()
+    return _EXPECTED["answers"]
+
+
 class DisaggregatedEqualsColocated(unittest.TestCase):
+    """Every request through the hand-off (no conditional disaggregation)."""
     @classmethod
     def setUpClass(cls):
         cls.requests = fifty_prompts()
-        server = colocated()
-        try:
-            cls.expected = run_all(server, cls.requests, streaming=False)
-        finally:
-            server.stop()
-        cls.server = disaggregated()
+        cls.expected = expected_answers(cls.requests)
+        cls.server = disaggregated("--no-local-prefill")
 
     @classmethod
     def tearDownClass(cls):
@@ -73,6 +84,28 @@ class DisaggregatedEqualsColocated(unittest.TestCase):
         pattern = re.compile(r"queue=[\d.]+s ttft=[\d.]+s prefill=[\d.]+s kv_transfer=[\d.]+s "
                              r"first_decode=[\d.]+s")
         self.assertTrue(all(pattern.search(l) for l in lines[-20:]), lines[-1])
+
+
+class ConditionalDisaggregationEqualsColocated(unittest.TestCase):
+    """The default mode: the conductor may compute a prompt on its decode worker (cheaper than
+    the prefill queue plus the transfer); the answers are the same either way."""
+    def test_default_mode_under_16_clients(self):
+        requests = fifty_prompts()
+        expected = expected_answers(requests)
+        server = disaggregated()
+        try:
+            got = run_all(server, requests, streaming=True)
+            self.assertEqual(got, expected)
+            m = server.wait_idle()
+            disaggregated_n = metric(m, "tandem_disaggregated_requests_total")
+            local_n = metric(m, "tandem_local_prefill_requests_total")
+            # Every request went one way or the other, none fell back after a failure.
+            self.assertEqual(disaggregated_n + local_n, len(requests))
+            self.assertGreater(disaggregated_n, 0)
+            self.assertEqual(metric(m, "tandem_colocated_fallback_requests_total"), 0)
+            self.assertEqual(metric(m, "tandem_kv_blocks_reserved"), 0)
+        finally:
+            server.stop()
 
 
 if __name__ == "__main__":
