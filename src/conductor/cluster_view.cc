@@ -11,6 +11,15 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // them, or shows they were evicted).
 constexpr auto kPlacedKeyLifetime = std::chrono::seconds(10);
 
+// The earliest placement of a key is the one that computes it.
+void AddPlacedKey(ClusterView::Worker* w, uint64_t key, uint64_t seq, Clock::time_point now) {
+  auto [it, inserted] = w->placed_keys.try_emplace(key, ClusterView::Worker::PlacedKey{now, seq});
+  if (!inserted) {
+    it->second.at = now;
+    it->second.seq = std::min(it->second.seq, seq);
+  }
+}
+
 }  // namespace
 
 WorkerRole ToPolicyRole(cluster::Role r) {
@@ -49,7 +58,7 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
     w.reported_keys = std::unordered_set<uint64_t>(stats->cached_block_keys.begin(),
                                                    stats->cached_block_keys.end());
     for (auto it = w.placed_keys.begin(); it != w.placed_keys.end();) {
-      it = now - it->second > kPlacedKeyLifetime ? w.placed_keys.erase(it) : std::next(it);
+      it = now - it->second.at > kPlacedKeyLifetime ? w.placed_keys.erase(it) : std::next(it);
     }
     // Reservations made before this probe started are in its figures now.
     for (auto it = w.promises.begin(); it != w.promises.end();) {
@@ -73,17 +82,22 @@ std::vector<std::string> ClusterView::MarkUnlisted(const std::unordered_set<std:
   return gone;
 }
 
-double ClusterView::QueueSeconds(const Worker& w, Clock::time_point now) {
-  if (w.prefills.empty()) return 0;
-  double total = 0;
+double ClusterView::QueueSeconds(const Worker& w, Clock::time_point now, uint64_t before_seq) {
+  double sent = 0, held = 0;
   Clock::time_point oldest = Clock::time_point::max();
   for (const auto& [seq, job] : w.prefills) {
-    total += job.predicted_s;
-    oldest = std::min(oldest, job.started);
+    if (seq >= before_seq) break;  // ordered by seq
+    if (job.started == Clock::time_point::max()) {
+      held += job.predicted_s;
+    } else {
+      sent += job.predicted_s;
+      oldest = std::min(oldest, job.started);
+    }
   }
-  // The worker has been busy since the oldest job in flight started (prefills run in arrival
-  // order): what it has done since then is no longer queued.
-  return std::max(0.0, total - Seconds(now - oldest));
+  // The worker has been busy since the oldest job sent to it started (prefills run in arrival
+  // order): what it has done since then is no longer queued. Held jobs wait behind.
+  const double busy = oldest == Clock::time_point::max() ? 0 : Seconds(now - oldest);
+  return std::max(0.0, sent - busy) + held;
 }
 
 std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, int expected_output,
@@ -101,19 +115,21 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, int expe
     const auto& b = w.stats.backend;
     int promised = 0;
     for (const auto& [seq, p] : w.promises) promised += p.blocks;
-    s.kv_free_blocks = b.kv_blocks_total - b.kv_blocks_used - b.reserved_blocks - promised;
+    s.kv_free_blocks = b.kv_blocks_total - b.kv_blocks_used - promised;
     // The longest prefix of the prompt the worker holds (whole blocks, leaving one token).
     if (r.block_tokens == s.block_tokens && r.prompt_tokens > 1) {
       const size_t max_blocks =
           std::min<size_t>(r.keys.size(), static_cast<size_t>((r.prompt_tokens - 1) / s.block_tokens));
+      auto held = [&](uint64_t key) {
+        if (w.reported_keys.count(key)) return true;
+        const auto it = w.placed_keys.find(key);
+        return it != w.placed_keys.end() && it->second.seq < r.seq;
+      };
       size_t hit = 0;
-      while (hit < max_blocks &&
-             (w.reported_keys.count(r.keys[hit]) || w.placed_keys.count(r.keys[hit]))) {
-        ++hit;
-      }
+      while (hit < max_blocks && held(r.keys[hit])) ++hit;
       s.cached_prompt_tokens = static_cast<int>(hit) * s.block_tokens;
     }
-    s.prefill_queue_s = QueueSeconds(w, now);
+    s.prefill_queue_s = QueueSeconds(w, now, r.seq);
     for (const auto& [seq, d] : w.decodes) {
       DecodeSequence ds;
       ds.context_tokens = d.prompt_tokens + d.emitted;
@@ -143,16 +159,30 @@ void ClusterView::Commit(const RequestLoad& r, const Placement& p, const std::st
     job.joins_at = now + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(p.predicted_ttft_s));
     d->decodes[r.seq] = job;
-    const int bt = std::max(1, d->info.block_tokens);
-    const int need = (r.prompt_tokens + 1 + bt - 1) / bt - p.decode_cached_tokens / bt;
-    d->promises[r.seq] = Worker::Promise{std::max(0, need)};
-    if (prefill.empty()) d->prefills[r.seq] = {p.predicted_prefill_s, now};
+    if (prefill.empty()) d->prefills[r.seq] = {p.predicted_prefill_s};
   }
   if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
     w->placed.insert(r.seq);
-    w->prefills[r.seq] = {p.predicted_prefill_s, now};
-    for (uint64_t k : r.keys) w->placed_keys[k] = now;
+    w->prefills[r.seq] = {p.predicted_prefill_s};
+    for (uint64_t k : r.keys) AddPlacedKey(w, k, r.seq, now);
   }
+}
+
+bool ClusterView::Dispatch(uint64_t seq, const std::string& decode, const std::string& prefill,
+                           int blocks, Clock::time_point now) {
+  Worker* d = Find(decode);
+  if (d == nullptr) return true;  // gone: the decode call will say so
+  const auto& b = d->stats.backend;
+  int promised = 0;
+  for (const auto& [s, p] : d->promises) promised += s == seq ? 0 : p.blocks;
+  if (b.kv_blocks_total - b.kv_blocks_used - promised < blocks) return false;
+  d->promises[seq] = Worker::Promise{std::max(0, blocks)};
+  Worker* w = prefill.empty() ? d : Find(prefill);
+  if (w != nullptr) {
+    auto it = w->prefills.find(seq);
+    if (it != w->prefills.end()) it->second.started = now;
+  }
+  return true;
 }
 
 void ClusterView::ReservationMade(uint64_t seq, const std::string& decode, Clock::time_point now) {
@@ -172,7 +202,7 @@ void ClusterView::PrefillDone(const RequestLoad& r, const std::string& prefill,
   }
   if (Worker* d = Find(decode)) {
     d->prefills.erase(seq);  // a local prefill
-    for (uint64_t k : r.keys) d->placed_keys[k] = now;
+    for (uint64_t k : r.keys) AddPlacedKey(d, k, seq, now);
     auto it = d->decodes.find(seq);
     if (it != d->decodes.end()) {
       it->second.joined = true;

@@ -40,12 +40,19 @@ class ClusterView {
     cluster::WorkerStats stats;
     std::shared_ptr<WorkerClient> client;
     std::unordered_set<uint64_t> reported_keys;  // its prefix cache at the last /stats
-    std::unordered_map<uint64_t, Clock::time_point> placed_keys;  // prompts placed since
+    // Keys of prompts placed there since: when, and by which request (a key counts for the
+    // requests placed after that one; the request itself does not hold its own prompt yet).
+    struct PlacedKey {
+      Clock::time_point at;
+      uint64_t seq = 0;
+    };
+    std::unordered_map<uint64_t, PlacedKey> placed_keys;
     std::unordered_set<uint64_t> placed;  // requests placed there and not finished (on a
                                           // prefill worker: until its prefill is done)
     struct PrefillJob {
       double predicted_s = 0;
-      Clock::time_point started{};
+      Clock::time_point started = Clock::time_point::max();  // sent to the worker at (max:
+                                                             // still held by the conductor)
     };
     std::map<uint64_t, PrefillJob> prefills;  // by request seq (remote, or local on a decoder)
     struct DecodeJob {
@@ -76,13 +83,19 @@ class ClusterView {
   // Workers no longer listed: unhealthy. Returns their names.
   std::vector<std::string> MarkUnlisted(const std::unordered_set<std::string>& listed);
 
-  // The policy's input for `r`, in the order of `names` (filled).
+  // The policy's input for `r`, in the order of `names` (filled). Prefill queues count the work
+  // placed before r.seq only (r itself may be placed already, waiting for its turn).
   std::vector<WorkerSnapshot> Snapshot(const RequestLoad& r, int expected_output,
                                        Clock::time_point now, std::vector<std::string>* names) const;
 
   // Accounting of a placement: decode on `decode`, prefill on `prefill` (empty: local).
   void Commit(const RequestLoad& r, const Placement& p, const std::string& decode,
               const std::string& prefill, int expected_output, Clock::time_point now);
+  // The request is about to ask `decode` for its KV reservation: `blocks` count as taken there
+  // until its /stats shows them, and its prefill (on `prefill`, or local) counts as started.
+  // Returns false (nothing changes) when the blocks are not free now.
+  bool Dispatch(uint64_t seq, const std::string& decode, const std::string& prefill, int blocks,
+                Clock::time_point now);
   void ReservationMade(uint64_t seq, const std::string& decode, Clock::time_point now);
   // The prompt's KV is on the decode worker now (its prefix cache will hold it).
   void PrefillDone(const RequestLoad& r, const std::string& prefill, const std::string& decode,
@@ -91,8 +104,10 @@ class ClusterView {
   // Forgets everything of the request on both workers (finished, failed or re-placed).
   void Release(uint64_t seq, const std::string& decode, const std::string& prefill);
 
-  // Predicted prefill work queued on `w` at `now` (seconds).
-  static double QueueSeconds(const Worker& w, Clock::time_point now);
+  // Predicted prefill work queued on `w` at `now` (seconds): all of it, or only the part
+  // placed before request `before_seq` (prefills run in placement order).
+  static double QueueSeconds(const Worker& w, Clock::time_point now,
+                             uint64_t before_seq = UINT64_MAX);
 
  private:
   std::map<std::string, Worker> workers_;

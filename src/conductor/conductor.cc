@@ -28,6 +28,10 @@ using cluster::PrefillResult;
 using cluster::Role;
 using cluster::WorkerInfo;
 
+// A request is sent to its prefill worker once at most this much predicted work (or its own
+// prefill time, if longer) is ahead of it there.
+constexpr double kDispatchAheadS = 0.25;
+
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 int64_t MillisUntil(Clock::time_point t) {
@@ -245,6 +249,16 @@ class ConductorImpl final : public Conductor {
     Placement p = Place(snapshot, ShapeOf(run), po, exclude);
     *decode = p.decode >= 0 ? names_scratch_[p.decode] : std::string();
     *prefill = p.prefill >= 0 && !p.local ? names_scratch_[p.prefill] : std::string();
+    if (log_->should_log(spdlog::level::debug)) {
+      std::string queues;
+      for (const auto& w : snapshot) {
+        queues += fmt::format(" {}:queue={:.3f}s,cached={},decoding={}", w.name, w.prefill_queue_s,
+                              w.cached_prompt_tokens, w.decoding.size());
+      }
+      log_->debug("{} placed: outcome={} decode={} prefill={} local={} ttft={:.3f}s tbt={:.4f}s{}",
+                  run.r.id, static_cast<int>(p.outcome), *decode, *prefill, p.local,
+                  p.predicted_ttft_s, p.predicted_tbt_s, queues);
+    }
     return p;
   }
 
@@ -275,7 +289,6 @@ class ConductorImpl final : public Conductor {
         view_.Commit(run->load, p, run->decode, run->prefill, ExpectedOutputLocked(),
                      run->committed_at);
         if (counted_wait) --waiting_for_kv_;
-        if (p.local && !force_local) metrics_.local_prefills.fetch_add(1);
         return true;
       }
       if (p.outcome == Placement::Outcome::kNoWorker) {
@@ -303,6 +316,62 @@ class ConductorImpl final : public Conductor {
       }
       // Room appears when a request ends (notified) or a heartbeat shows evictable blocks.
       cv_.wait_until(lock, std::min(run->r.deadline, Clock::now() + std::chrono::milliseconds(100)));
+    }
+  }
+
+  // Holds a request placed on a prefill worker until little predicted work is ahead of it
+  // there, so that its decode reservation does not hold KV blocks idle through the prefill
+  // queue; with kCacheLoad it is placed again meanwhile (the best worker, or local prefill, may
+  // change as the queues move). False when the request cannot run (run->error says why).
+  // Then promises the blocks its reservation takes on the decode worker, waiting for room.
+  bool WaitForPrefillTurn(RequestRun* run, bool may_replace) {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool counted_wait = false;
+    auto done = [&](bool ok) {
+      if (counted_wait) --waiting_for_kv_;
+      return ok;
+    };
+    while (true) {
+      const auto now = Clock::now();
+      const ClusterView::Worker* w = run->prefill.empty() ? nullptr : view_.Find(run->prefill);
+      const double ahead = w ? ClusterView::QueueSeconds(*w, now, run->load.seq) : 0;
+      if (ahead <= std::max(kDispatchAheadS, run->placement.predicted_prefill_s)) {
+        const ClusterView::Worker* d = view_.Find(run->decode);
+        const int bt = d && d->info.block_tokens > 0 ? d->info.block_tokens : 16;
+        const int need = (run->load.prompt_tokens + 1 + bt - 1) / bt -
+                         run->placement.decode_cached_tokens / bt;
+        if (view_.Dispatch(run->load.seq, run->decode, run->prefill, need, now)) return done(true);
+        if (!counted_wait) {  // its turn, but no KV room on the decode worker now
+          counted_wait = true;
+          ++waiting_for_kv_;
+          if (!run->waited_for_kv) metrics_.kv_waits.fetch_add(1);
+          run->waited_for_kv = true;
+        }
+      }
+      if (stop_ || cancel_all_.load()) {
+        run->error = Cancelled("the server stopped");
+        return done(false);
+      }
+      if (now >= run->r.deadline) {
+        run->error = DeadlineExceeded(
+            counted_wait ? "no decode worker had room for the prompt's KV cache before the "
+                           "request deadline"
+                         : serving::kRequestDeadlinePassed);
+        return done(false);
+      }
+      cv_.wait_until(lock, std::min(run->r.deadline, now + std::chrono::milliseconds(50)));
+      if (!may_replace || options_.placement != PlacementPolicy::kCacheLoad) continue;
+      std::string decode, prefill;
+      const Placement p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &decode, &prefill);
+      if (p.outcome != Placement::Outcome::kPlaced) continue;  // keep the current one
+      if (decode == run->decode && prefill == run->prefill) continue;
+      view_.Release(run->load.seq, run->decode, run->prefill);
+      run->placement = p;
+      run->decode = decode;
+      run->prefill = prefill;
+      run->committed_at = Clock::now();
+      view_.Commit(run->load, p, run->decode, run->prefill, ExpectedOutputLocked(),
+                   run->committed_at);
     }
   }
 
@@ -446,7 +515,7 @@ class ConductorImpl final : public Conductor {
       if (!next.empty()) {
         if (auto* w = view_.Find(next)) {
           w->placed.insert(run->load.seq);
-          w->prefills[run->load.seq] = {p.predicted_prefill_s, Clock::now()};
+          w->prefills[run->load.seq] = {p.predicted_prefill_s, Clock::now()};  // sent at once
         }
         metrics_.prefill_retries.fetch_add(1);
       }
@@ -460,6 +529,11 @@ class ConductorImpl final : public Conductor {
     while (true) {
       if (!PlaceForRun(run.get(), first, local_fallback)) break;
       first = false;
+      if (!WaitForPrefillTurn(run.get(), /*may_replace=*/!local_fallback)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        view_.Release(run->load.seq, run->decode, run->prefill);
+        break;
+      }
       const bool local = run->prefill.empty();
       if (local_fallback) metrics_.fallbacks.fetch_add(1);
       run->fall_back_local = run->retry_kv = false;
@@ -493,6 +567,7 @@ class ConductorImpl final : public Conductor {
   void Finish(RequestRun* run, bool fell_back) {
     const bool local = run->prefill.empty();
     if (!local && run->finish) metrics_.disaggregated.fetch_add(1);
+    if (local && !fell_back && run->finish) metrics_.local_prefills.fetch_add(1);
     serving::FinishInfo info;
     const auto now = Clock::now();
     if (run->finish) {
@@ -542,7 +617,6 @@ class ConductorImpl final : public Conductor {
       std::lock_guard<std::mutex> lock(mu_);
       expected_output_ = 0.9 * expected_output_ + 0.1 * info.completion_tokens;
     }
-    (void)fell_back;
     run->sink->OnFinish(info);
   }
 

@@ -75,6 +75,18 @@ std::pair<int64_t, int64_t> DecodeBatchAt(const WorkerSnapshot& w, double t_s,
   return {batch, context};
 }
 
+double PredictTbt(const WorkerSnapshot& d, const RequestShape& r, double join_s) {
+  if (!d.cost.valid()) return 0;
+  const auto [batch, context] = DecodeBatchAt(d, join_s, r.prompt_tokens);
+  const double step = d.cost.DecodeStepSeconds(batch, context);
+  const double local_work = std::max(0.0, d.prefill_queue_s - join_s);
+  if (local_work <= 0) return step;
+  const int64_t tokens = std::max(1, r.expected_output_tokens);
+  const int64_t chunk = std::max<int64_t>(1, d.max_batch_tokens - batch);
+  const double chunk_s = d.cost.PrefillSeconds(chunk, 0);
+  return step + std::min(local_work, static_cast<double>(tokens) * chunk_s) / static_cast<double>(tokens);
+}
+
 double PredictRemoteTtft(const WorkerSnapshot& prefill, const RequestShape& r) {
   if (!prefill.cost.valid()) return kInf;
   const int64_t cached = std::min<int64_t>(prefill.cached_prompt_tokens, r.prompt_tokens - 1);
@@ -166,12 +178,7 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
   // predictions) or at the end of its prefill (kPredictive).
   const double join_s =
       o.admission == AdmissionPolicy::kPredictive && std::isfinite(remote_ttft) ? remote_ttft : 0;
-  auto tbt_of = [&](int i) {
-    const WorkerSnapshot& w = workers[i];
-    if (!w.cost.valid()) return 0.0;
-    const auto [batch, context] = DecodeBatchAt(w, join_s, r.prompt_tokens);
-    return w.cost.DecodeStepSeconds(batch, context);
-  };
+  auto tbt_of = [&](int i) { return PredictTbt(workers[i], r, join_s); };
   int decode = decoders[0];
   bool tbt_met = true;
   switch (o.policy) {

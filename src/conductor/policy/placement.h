@@ -114,6 +114,10 @@ struct Placement {
 std::pair<int64_t, int64_t> DecodeBatchAt(const WorkerSnapshot& w, double t_s,
                                           int64_t extra_context);
 
+// Predicted time between tokens of a request joining `decode`'s batch `join_s` from now: the
+// decode step of that batch, plus the prefill work queued on the worker itself (local
+// prefills) spread over the request's expected tokens, at most one chunk per step.
+double PredictTbt(const WorkerSnapshot& decode, const RequestShape& r, double join_s);
 // Predicted TTFT if `prefill` computes the request for `decode`'s batch (seconds).
 double PredictRemoteTtft(const WorkerSnapshot& prefill, const RequestShape& r);
 // Predicted TTFT if `decode` computes the prompt itself, in chunks mixed into its steps.

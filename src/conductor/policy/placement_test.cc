@@ -146,6 +146,22 @@ TEST(PlacementTest, DecodePacksWithinTheTbtSloAndSpreadsWithout) {
   EXPECT_EQ(Place(w, r, Opts()).decode, 2);  // d0 would break it
 }
 
+TEST(PlacementTest, LocalPrefillWorkQueuedOnADecoderStretchesItsTbt) {
+  WorkerSnapshot d = Worker("d0", WorkerRole::kDecode);
+  RequestShape r = Prompt(100);
+  r.expected_output_tokens = 10;
+  EXPECT_NEAR(PredictTbt(d, r, 0), 0.011, 1e-9);  // alone: one 11 ms step
+  // 0.5 s of prompts to compute there: 255-token chunks (255 ms) go into its 10 steps, but
+  // only 0.5 s of them exist: +50 ms per token.
+  d.prefill_queue_s = 0.5;
+  EXPECT_NEAR(PredictTbt(d, r, 0), 0.061, 1e-9);
+  // More work than one chunk per step: at most a chunk per token.
+  d.prefill_queue_s = 10;
+  EXPECT_NEAR(PredictTbt(d, r, 0), 0.011 + 0.255, 1e-9);
+  // Joining after the work is done: no interference.
+  EXPECT_NEAR(PredictTbt(d, r, 20), 0.011, 1e-9);
+}
+
 TEST(PlacementTest, ConditionalDisaggregationComputesShortPromptsLocally) {
   std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode)};
   w[0].prefill_queue_s = 1.0;  // the prefill worker is backed up
