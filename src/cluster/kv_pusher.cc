@@ -55,7 +55,9 @@ void KvPusher::OnLayerWritten(int layer, std::span<const int32_t> blocks, int fi
   // first chunk; a block the previous chunk left partly filled is sent again whole.
   const int first_block = sent_upto_[layer] / bt;
   const int end_block = std::min<int>((end_pos + bt - 1) / bt, static_cast<int>(blocks.size()));
-  sent_upto_[layer] = end_pos;
+  // A chunk that ends inside the prefix the decode side holds (skip_blocks) sends nothing.
+  if (end_block <= first_block) return;
+  sent_upto_[layer] = std::max(sent_upto_[layer], end_pos);
   (void)first_pos;
   std::vector<TransferRequest> requests;
   requests.reserve(end_block - first_block);

@@ -201,6 +201,11 @@ TEST_P(KvPusherTest, OnlyTheBlocksTheDecodeSideLacksAreSent) {
   const int shared_blocks = n_a / 16;  // full blocks of a's prompt, all shared with b's
   EXPECT_GE(reserved->cached_blocks, shared_blocks - 1);
   ASSERT_GT(reserved->cached_blocks, 0);
+  // A prefill worker that does not hold the prefix computes it in 40-token chunks, the first
+  // ones inside the skipped blocks: they send nothing.
+  prefill.reset();
+  prefill = serving::MakeLocalBackend(prefill_engine.get(),
+                                      {.max_batch_tokens = 40, .enable_prefix_cache = false});
   uint64_t bytes = 0;
   HandOff(b, reserved->blocks, reserved->cached_blocks, &bytes);
   // Nothing below the skipped blocks went over: at most the rest of b's blocks (some twice,

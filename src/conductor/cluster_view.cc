@@ -177,6 +177,9 @@ bool ClusterView::Dispatch(uint64_t seq, const std::string& decode, const std::s
   for (const auto& [s, p] : d->promises) promised += s == seq ? 0 : p.blocks;
   if (b.kv_blocks_total - b.kv_blocks_used - promised < blocks) return false;
   d->promises[seq] = Worker::Promise{std::max(0, blocks)};
+  // A local prefill sends no "reserved" event: the worker allocates as it admits the request,
+  // and its next /stats shows it.
+  if (prefill.empty()) d->promises[seq].confirmed = now;
   Worker* w = prefill.empty() ? d : Find(prefill);
   if (w != nullptr) {
     auto it = w->prefills.find(seq);
