@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "serving"))
 
-from compare_servers import free_port, wait_ready  # noqa: E402
+from compare_servers import free_port, make_logger, stop_server, wait_ready  # noqa: E402
 from servebench import metrics  # noqa: E402
 
 TRACE = os.path.join(ROOT, "..", "shared", "data", "mooncake-traces", "conversation_trace.jsonl")
@@ -120,12 +120,7 @@ def run_config(args, name, serve_args, bench_args, out_dir, log):
             raise RuntimeError(f"{name}: benchmark failed ({bench.returncode}): {bench.stderr[-2000:]}")
         server_metrics = scrape_metrics(url)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         err.close()
     load_after = loadavg()
     with open(os.path.join(out_dir, "results.json")) as f:
@@ -273,13 +268,7 @@ def main():
     bench_args = args.bench_args or (QUICK_BENCH if args.quick else DEFAULT_BENCH)
     tbt_slos = [float(x) for x in args.slo_tbt_ms.split(",") if x.strip()]
     os.makedirs(args.out, exist_ok=True)
-    logf = open(os.path.join(args.out, "log.txt"), "a")
-
-    def log(msg):
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, file=sys.stderr, flush=True)
-        logf.write(line + "\n")
-        logf.flush()
+    log = make_logger(args.out)
 
     main_cfgs, sweep_cfgs = configurations(args.threads)
     runs = {}

@@ -53,7 +53,7 @@ ROOT = os.path.abspath(os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "serving"))
 
-from compare_servers import free_port, wait_ready  # noqa: E402
+from compare_servers import free_port, make_logger, stop_server, wait_ready  # noqa: E402
 from disagg_compare import fmt, loadavg  # noqa: E402
 from servebench import prompts, workload  # noqa: E402
 
@@ -402,12 +402,7 @@ def run_config(args, name, serve_args, bench_args, out_dir, log, sweep=False):
         except subprocess.TimeoutExpired:
             raise RunError(f"{name}: benchmark not done in {args.bench_timeout_s:g} s") from None
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
     delta = metrics_delta(after, before)
     run = {"name": name, "command": cmd, "bench_command": bench_cmd[1:],
            "load_before": load_before, "load_after": loadavg(), "wall_s": time.time() - t0,
@@ -869,13 +864,7 @@ def main(argv=None):
                   f"does not have (`tandem serve --help`)", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    logf = open(os.path.join(args.out, "log.txt"), "a")
-
-    def log(msg):
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, file=sys.stderr, flush=True)
-        logf.write(line + "\n")
-        logf.flush()
+    log = make_logger(args.out)
 
     log(f"start: experiments {', '.join(args.experiments)}, {args.rounds} round(s)"
         f"{', quick' if args.quick else ''}; tandem {args.tandem}, model {args.model}; load "

@@ -50,6 +50,28 @@ def wait_ready(url, proc, timeout_s=180):
     raise RuntimeError(f"server at {url} not ready in {timeout_s} s")
 
 
+def stop_server(proc, timeout_s=60):
+    """SIGTERM, then SIGKILL if the server has not exited within timeout_s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def make_logger(out_dir):
+    """log(msg): a timestamped line on stderr and appended to out_dir/log.txt."""
+    logf = open(os.path.join(out_dir, "log.txt"), "a")
+
+    def log(msg):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+    return log
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -90,12 +112,7 @@ def main():
                                 *bench_args, *extra, "--label", name, "--out", out], check=True,
                                timeout=3600)
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop_server(proc)
             with open(os.path.join(out, "summary.json")) as f:
                 results[name].append(json.load(f))
 

@@ -11,6 +11,11 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // them, or shows they were evicted).
 constexpr auto kPlacedKeyLifetime = std::chrono::seconds(10);
 
+// A moving average of measured / unscaled-predicted ratios, kept within [1/4, 4].
+double UpdateScale(double scale, double ratio) {
+  return std::clamp(0.8 * scale + 0.2 * ratio, 0.25, 4.0);
+}
+
 // The earliest placement of a key is the one that computes it.
 void AddPlacedKey(ClusterView::Worker* w, uint64_t key, uint64_t seq, Clock::time_point now) {
   auto [it, inserted] = w->placed_keys.try_emplace(key, ClusterView::Worker::PlacedKey{now, seq});
@@ -139,6 +144,12 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, int expe
       s.decoding.push_back(ds);
     }
     s.cost = w.info.cost;
+    s.cost.prefill_base_s *= w.prefill_scale;
+    s.cost.prefill_per_token_s *= w.prefill_scale;
+    s.cost.prefill_attention_s *= w.prefill_scale;
+    s.cost.decode_base_s *= w.decode_scale;
+    s.cost.decode_per_seq_s *= w.decode_scale;
+    s.cost.decode_per_context_token_s *= w.decode_scale;
     s.kv_transfer_s = w.kv_transfer_s;
     s.max_batch_tokens = w.info.max_batch_tokens;
     out.push_back(std::move(s));
@@ -212,6 +223,19 @@ void ClusterView::PrefillDone(const RequestLoad& r, const std::string& prefill,
       it->second.joins_at = now;
     }
   }
+}
+
+void ClusterView::TtftMeasured(const std::string& worker, double predicted_s, double measured_s) {
+  Worker* w = Find(worker);
+  if (w == nullptr || predicted_s <= 0 || measured_s <= 0) return;
+  w->prefill_scale = UpdateScale(w->prefill_scale, measured_s / (predicted_s / w->prefill_scale));
+}
+
+void ClusterView::DecodeMeasured(const std::string& decode, double predicted_tbt_s,
+                                 double measured_tbt_s) {
+  Worker* d = Find(decode);
+  if (d == nullptr || predicted_tbt_s <= 0 || measured_tbt_s <= 0) return;
+  d->decode_scale = UpdateScale(d->decode_scale, measured_tbt_s / (predicted_tbt_s / d->decode_scale));
 }
 
 void ClusterView::TokenEmitted(uint64_t seq, const std::string& decode) {

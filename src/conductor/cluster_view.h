@@ -70,6 +70,10 @@ class ClusterView {
     };
     std::map<uint64_t, Promise> promises;  // KV blocks placed, not yet seen in its /stats
     double kv_transfer_s = 0.002;  // moving average of the measured KV push tail
+    // Moving averages of measured / predicted, applied to its cost model's predictions: the
+    // profile was measured alone, the worker may share its cores now.
+    double prefill_scale = 1.0;
+    double decode_scale = 1.0;
   };
 
   std::map<std::string, Worker>& workers() { return workers_; }
@@ -100,6 +104,11 @@ class ClusterView {
   // The prompt's KV is on the decode worker now (its prefix cache will hold it).
   void PrefillDone(const RequestLoad& r, const std::string& prefill, const std::string& decode,
                    double transfer_s, Clock::time_point now);
+  // A request's TTFT (from placement, without the KV transfer) against its prediction, for the
+  // worker that computed its prompt: corrects that worker's prefill predictions.
+  void TtftMeasured(const std::string& worker, double predicted_s, double measured_s);
+  // A request's mean time between tokens on `decode` against the prediction.
+  void DecodeMeasured(const std::string& decode, double predicted_tbt_s, double measured_tbt_s);
   void TokenEmitted(uint64_t seq, const std::string& decode);
   // Forgets everything of the request on both workers (finished, failed or re-placed).
   void Release(uint64_t seq, const std::string& decode, const std::string& prefill);

@@ -17,33 +17,6 @@ std::vector<double> ErrorBuckets() {
 
 }  // namespace
 
-BucketCounts::BucketCounts(std::vector<double> upper_bounds)
-    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
-
-void BucketCounts::Observe(double v) {
-  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++counts_[i];
-  sum_ += v;
-  ++count_;
-}
-
-serving::ExtraHistogram BucketCounts::Get(std::string name, std::string help) const {
-  serving::ExtraHistogram h;
-  h.name = std::move(name);
-  h.help = std::move(help);
-  h.upper_bounds = bounds_;
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t running = 0;
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    running += counts_[i];
-    h.cumulative.push_back(running);
-  }
-  h.sum = sum_;
-  h.count = count_;
-  return h;
-}
-
 ConductorMetrics::ConductorMetrics()
     : predicted_ttft_(SecondsBuckets()),
       measured_ttft_(SecondsBuckets()),
@@ -190,17 +163,19 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
     s->extra.push_back({"tandem_slo_requests_total", "", true, {{"outcome", "missed"}},
                         double(slo_missed_)});
   }
-  s->extra_histograms.push_back(predicted_ttft_.Get(
-      "tandem_predicted_ttft_seconds", "TTFT the conductor predicted at placement."));
-  s->extra_histograms.push_back(measured_ttft_.Get(
-      "tandem_measured_ttft_seconds",
-      "TTFT measured from placement (the span the prediction covers; waits before it excluded)."));
-  s->extra_histograms.push_back(ttft_error_.Get(
-      "tandem_ttft_prediction_relative_error", "|predicted - measured| / measured TTFT."));
-  s->extra_histograms.push_back(tbt_error_.Get(
-      "tandem_tbt_prediction_relative_error",
-      "|predicted - measured| / measured time between tokens (the decode step predicted when the "
-      "request joined its batch against the request's mean TBT)."));
+  s->extra_histograms.push_back({"tandem_predicted_ttft_seconds",
+                                 "TTFT the conductor predicted at placement.", predicted_ttft_.Get()});
+  s->extra_histograms.push_back(
+      {"tandem_measured_ttft_seconds",
+       "TTFT measured from placement (the span the prediction covers; waits before it excluded).",
+       measured_ttft_.Get()});
+  s->extra_histograms.push_back({"tandem_ttft_prediction_relative_error",
+                                 "|predicted - measured| / measured TTFT.", ttft_error_.Get()});
+  s->extra_histograms.push_back(
+      {"tandem_tbt_prediction_relative_error",
+       "|predicted - measured| / measured time between tokens (the decode step predicted when the "
+       "request joined its batch against the request's mean TBT).",
+       tbt_error_.Get()});
 }
 
 }  // namespace tandem::conductor

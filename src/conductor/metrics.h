@@ -13,25 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "common/histogram.h"
 #include "conductor/cluster_view.h"
 #include "serving/backend.h"
 
 namespace tandem::conductor {
-
-// Cumulative-bucket histogram for the exposition (ExtraHistogram). Thread-safe.
-class BucketCounts {
- public:
-  explicit BucketCounts(std::vector<double> upper_bounds);
-  void Observe(double v);
-  serving::ExtraHistogram Get(std::string name, std::string help) const;
-
- private:
-  const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket, bounds_.size() + 1 (the last is +Inf)
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
 
 class ConductorMetrics {
  public:
@@ -74,7 +60,7 @@ class ConductorMetrics {
   std::map<std::string, int64_t> rejections_;      // guarded by mu_
   std::map<std::string, int64_t> prefill_tokens_;  // guarded by mu_
   int64_t slo_met_ = 0, slo_missed_ = 0;           // guarded by mu_
-  BucketCounts predicted_ttft_, measured_ttft_, ttft_error_, tbt_error_;
+  Histogram predicted_ttft_, measured_ttft_, ttft_error_, tbt_error_;
 };
 
 }  // namespace tandem::conductor

@@ -7,31 +7,6 @@
 
 namespace tandem::server {
 
-Histogram::Histogram(std::vector<double> upper_bounds)
-    : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
-
-void Histogram::Observe(double value) {
-  const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  std::lock_guard<std::mutex> lock(mu_);
-  ++counts_[i];
-  sum_ += value;
-  ++count_;
-}
-
-Histogram::Snapshot Histogram::Get() const {
-  Snapshot s;
-  s.upper_bounds = bounds_;
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t running = 0;
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    running += counts_[i];
-    s.cumulative.push_back(running);
-  }
-  s.sum = sum_;
-  s.count = count_;
-  return s;
-}
-
 std::string PrometheusWriter::FormatValue(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
@@ -228,14 +203,7 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
     }
     w.Family(name, counter ? "counter" : "gauge", help, samples);
   }
-  for (const auto& h : stats.extra_histograms) {
-    Histogram::Snapshot snap;
-    snap.upper_bounds = h.upper_bounds;
-    snap.cumulative = h.cumulative;
-    snap.sum = h.sum;
-    snap.count = h.count;
-    w.Histogram(h.name, h.help, snap);
-  }
+  for (const auto& h : stats.extra_histograms) w.Histogram(h.name, h.help, h.snapshot);
   return w.text();
 }
 

@@ -11,31 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "common/histogram.h"
 #include "serving/backend.h"
 
 namespace tandem::server {
 
-// Cumulative-bucket histogram with fixed upper bounds (seconds here). Thread-safe.
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> upper_bounds);  // ascending, +Inf implied
-  void Observe(double value);
-
-  struct Snapshot {
-    std::vector<double> upper_bounds;
-    std::vector<uint64_t> cumulative;  // per bound; then `count` for +Inf
-    double sum = 0;
-    uint64_t count = 0;
-  };
-  Snapshot Get() const;
-
- private:
-  const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket (not cumulative), size bounds_ + 1
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
+using tandem::Histogram;  // common/histogram.h
 
 // Writes families in the Prometheus text format: "# HELP", "# TYPE", then samples.
 class PrometheusWriter {

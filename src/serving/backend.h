@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/histogram.h"
 #include "common/status.h"
 #include "engine/sampling_params.h"
 
@@ -76,14 +77,11 @@ struct ExtraMetric {
   double value = 0;
 };
 
-// A backend-specific histogram exposed as it is in /metrics (cumulative buckets, +Inf implied).
+// A backend-specific histogram exposed as it is in /metrics.
 struct ExtraHistogram {
-  std::string name;                   // Prometheus name, "tandem_..."
+  std::string name;  // Prometheus name, "tandem_..."
   std::string help;
-  std::vector<double> upper_bounds;   // ascending
-  std::vector<uint64_t> cumulative;   // per bound: observations <= it
-  double sum = 0;
-  uint64_t count = 0;
+  Histogram::Snapshot snapshot;
 };
 
 struct BackendStats {
