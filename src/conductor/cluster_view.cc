@@ -11,9 +11,12 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // them, or shows they were evicted).
 constexpr auto kPlacedKeyLifetime = std::chrono::seconds(10);
 
-// A moving average of measured / unscaled-predicted ratios, kept within [1/4, 4].
+// Predictions shorter than this do not correct a worker's scale (seconds).
+constexpr double kMinLearnedTtftS = 0.5;
+
+// A slow moving average of measured / unscaled-predicted ratios, kept within [1/2, 3].
 double UpdateScale(double scale, double ratio) {
-  return std::clamp(0.8 * scale + 0.2 * ratio, 0.25, 4.0);
+  return std::clamp(0.9 * scale + 0.1 * std::clamp(ratio, 0.5, 3.0), 0.5, 3.0);
 }
 
 // The earliest placement of a key is the one that computes it.
@@ -227,7 +230,9 @@ void ClusterView::PrefillDone(const RequestLoad& r, const std::string& prefill,
 
 void ClusterView::TtftMeasured(const std::string& worker, double predicted_s, double measured_s) {
   Worker* w = Find(worker);
-  if (w == nullptr || predicted_s <= 0 || measured_s <= 0) return;
+  // Short prefills measure mostly fixed costs (round trips, the decode worker's step the
+  // reservation waits for), not the worker's speed: they would pull the scale up for all.
+  if (w == nullptr || predicted_s < kMinLearnedTtftS || measured_s <= 0) return;
   w->prefill_scale = UpdateScale(w->prefill_scale, measured_s / (predicted_s / w->prefill_scale));
 }
 

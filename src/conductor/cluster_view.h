@@ -105,7 +105,8 @@ class ClusterView {
   void PrefillDone(const RequestLoad& r, const std::string& prefill, const std::string& decode,
                    double transfer_s, Clock::time_point now);
   // A request's TTFT (from placement, without the KV transfer) against its prediction, for the
-  // worker that computed its prompt: corrects that worker's prefill predictions.
+  // worker that computed its prompt: corrects that worker's prefill predictions (predictions
+  // under 0.5 s are ignored: fixed costs dominate them).
   void TtftMeasured(const std::string& worker, double predicted_s, double measured_s);
   // A request's mean time between tokens on `decode` against the prediction.
   void DecodeMeasured(const std::string& decode, double predicted_tbt_s, double measured_tbt_s);
