@@ -21,9 +21,35 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "bench"))
 import scheduling_compare as sc  # noqa: E402
 
 
+TRACE_FILE = None  # a small synthetic trace in the Mooncake format (setUpModule)
+
+
+def setUpModule():
+    """10 conversations of 4 turns, interleaved: each turn's hash_ids extend the previous turn's
+    (as a conversation's do in Mooncake's trace), so the driver finds multi-turn conversations
+    without the shared data folder."""
+    global TRACE_FILE
+    f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+    line = 0
+    for turn in range(4):
+        for conv in range(10):
+            ids = [1000 * conv + i for i in range(3 * (turn + 1))]
+            f.write(json.dumps({"timestamp": 500 * line, "input_length": 512 * len(ids),
+                                "output_length": 100, "hash_ids": ids}) + "\n")
+            line += 1
+    f.close()
+    TRACE_FILE = f.name
+
+
+def tearDownModule():
+    os.unlink(TRACE_FILE)
+
+
 def driver(*args, env=None, timeout=300):
     e = dict(os.environ)
     e.update(env or {})
+    if "--trace" not in args:
+        args = (*args, "--trace", TRACE_FILE)
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
                           timeout=timeout, env=e)
 
