@@ -32,6 +32,9 @@ using cluster::WorkerInfo;
 // prefill time, if longer) is ahead of it there.
 constexpr double kDispatchAheadS = 0.25;
 
+// Stats() refreshes the workers' figures first when they are older than this.
+constexpr auto kStatsFreshness = std::chrono::milliseconds(30);
+
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 int64_t MillisUntil(Clock::time_point t) {
@@ -132,6 +135,16 @@ class ConductorImpl final : public Conductor {
   }
 
   serving::BackendStats Stats() const override {
+    // The workers' figures are as fresh as the last heartbeat (up to `heartbeat` old): a scrape
+    // right after a request ended could show it still holding KV. Refresh them first when the
+    // last probe is older than a few tens of milliseconds (a probe is one local HTTP call per
+    // worker). The refresh only updates the cached view, so Stats stays logically const.
+    bool stale;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stale = Clock::now() - last_refresh_ > kStatsFreshness && !stop_;
+    }
+    if (stale) const_cast<ConductorImpl*>(this)->RefreshMembership();
     serving::BackendStats s;
     std::lock_guard<std::mutex> lock(mu_);
     ConductorMetrics::WorkerTotals totals;
@@ -404,6 +417,8 @@ class ConductorImpl final : public Conductor {
   }
 
   void RefreshMembership() {
+    // One refresh at a time (the heartbeat thread and scrapes).
+    std::lock_guard<std::mutex> refreshing(refresh_mu_);
     auto listed = options_.metadata->List(cluster::kWorkersPrefix);
     if (!listed.ok()) {
       log_->warn("cannot list workers: {}", listed.status().ToString());
@@ -435,6 +450,7 @@ class ConductorImpl final : public Conductor {
       probes.push_back({std::move(info), std::move(stats), started});
     }
     std::lock_guard<std::mutex> lock(mu_);
+    last_refresh_ = Clock::now();
     std::unordered_set<std::string> names;
     for (auto& pr : probes) {
       names.insert(pr.info.name);
@@ -701,8 +717,10 @@ class ConductorImpl final : public Conductor {
   ConductorOptions options_;
   std::shared_ptr<spdlog::logger> log_;
 
+  std::mutex refresh_mu_;                        // held by one RefreshMembership at a time
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  Clock::time_point last_refresh_{};             // guarded by mu_: last membership refresh
   ClusterView view_;                             // guarded by mu_
   std::vector<std::string> names_scratch_;       // guarded by mu_
   std::mt19937_64 rng_;                          // guarded by mu_
