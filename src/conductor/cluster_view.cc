@@ -108,8 +108,13 @@ double ClusterView::QueueSeconds(const Worker& w, Clock::time_point now, uint64_
   return std::max(0.0, sent - busy) + held;
 }
 
-std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, int expected_output,
-                                                  Clock::time_point now,
+int ClusterView::FreeBlocks(const Worker& w, uint64_t except_seq) {
+  int promised = 0;
+  for (const auto& [seq, p] : w.promises) promised += seq == except_seq ? 0 : p.blocks;
+  return w.stats.backend.kv_blocks_total - w.stats.backend.kv_blocks_used - promised;
+}
+
+std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, Clock::time_point now,
                                                   std::vector<std::string>* names) const {
   std::vector<WorkerSnapshot> out;
   names->clear();
@@ -158,7 +163,6 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, int expe
     out.push_back(std::move(s));
     names->push_back(name);
   }
-  (void)expected_output;
   return out;
 }
 
@@ -186,10 +190,7 @@ bool ClusterView::Dispatch(uint64_t seq, const std::string& decode, const std::s
                            int blocks, Clock::time_point now) {
   Worker* d = Find(decode);
   if (d == nullptr) return true;  // gone: the decode call will say so
-  const auto& b = d->stats.backend;
-  int promised = 0;
-  for (const auto& [s, p] : d->promises) promised += s == seq ? 0 : p.blocks;
-  if (b.kv_blocks_total - b.kv_blocks_used - promised < blocks) return false;
+  if (FreeBlocks(*d, seq) < blocks) return false;
   d->promises[seq] = Worker::Promise{std::max(0, blocks)};
   // A local prefill sends no "reserved" event: the worker allocates as it admits the request,
   // and its next /stats shows it.
@@ -247,6 +248,14 @@ void ClusterView::TokenEmitted(uint64_t seq, const std::string& decode) {
   if (Worker* d = Find(decode)) {
     auto it = d->decodes.find(seq);
     if (it != d->decodes.end()) it->second.emitted++;
+  }
+}
+
+void ClusterView::ReassignPrefill(uint64_t seq, const std::string& prefill,
+                                  double predicted_prefill_s, Clock::time_point now) {
+  if (Worker* w = Find(prefill)) {
+    w->placed.insert(seq);
+    w->prefills[seq] = {predicted_prefill_s, now};
   }
 }
 

@@ -89,8 +89,8 @@ class ClusterView {
 
   // The policy's input for `r`, in the order of `names` (filled). Prefill queues count the work
   // placed before r.seq only (r itself may be placed already, waiting for its turn).
-  std::vector<WorkerSnapshot> Snapshot(const RequestLoad& r, int expected_output,
-                                       Clock::time_point now, std::vector<std::string>* names) const;
+  std::vector<WorkerSnapshot> Snapshot(const RequestLoad& r, Clock::time_point now,
+                                       std::vector<std::string>* names) const;
 
   // Accounting of a placement: decode on `decode`, prefill on `prefill` (empty: local).
   void Commit(const RequestLoad& r, const Placement& p, const std::string& decode,
@@ -111,6 +111,9 @@ class ClusterView {
   // A request's mean time between tokens on `decode` against the prediction.
   void DecodeMeasured(const std::string& decode, double predicted_tbt_s, double measured_tbt_s);
   void TokenEmitted(uint64_t seq, const std::string& decode);
+  // The request's prefill moves to `prefill` (a retry after a failure), sent at once.
+  void ReassignPrefill(uint64_t seq, const std::string& prefill, double predicted_prefill_s,
+                       Clock::time_point now);
   // Forgets everything of the request on both workers (finished, failed or re-placed).
   void Release(uint64_t seq, const std::string& decode, const std::string& prefill);
 
@@ -118,6 +121,9 @@ class ClusterView {
   // placed before request `before_seq` (prefills run in placement order).
   static double QueueSeconds(const Worker& w, Clock::time_point now,
                              uint64_t before_seq = UINT64_MAX);
+  // KV blocks of `w` free or evictable at its last /stats, minus those promised since (other
+  // than request `except_seq`'s). kv_blocks_used counts reserved blocks too.
+  static int FreeBlocks(const Worker& w, uint64_t except_seq = 0);
 
  private:
   std::map<std::string, Worker> workers_;

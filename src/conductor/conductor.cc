@@ -246,7 +246,7 @@ class ConductorImpl final : public Conductor {
                         std::span<const std::string> exclude_prefill, std::string* decode,
                         std::string* prefill) {
     const auto now = Clock::now();
-    const auto snapshot = view_.Snapshot(run.load, ExpectedOutputLocked(), now, &names_scratch_);
+    const auto snapshot = view_.Snapshot(run.load, now, &names_scratch_);
     std::vector<int> exclude;
     for (size_t i = 0; i < names_scratch_.size(); ++i) {
       if (std::find(exclude_prefill.begin(), exclude_prefill.end(), names_scratch_[i]) !=
@@ -275,12 +275,36 @@ class ConductorImpl final : public Conductor {
     return p;
   }
 
+  // Counts a request in waiting_for_kv_ (and once in tandem_kv_wait_requests_total) from
+  // Start() until it goes out of scope. Declared after the lock on mu_ it needs, so that it is
+  // released before it.
+  class KvWait {
+   public:
+    KvWait(ConductorImpl* c, RequestRun* run) : c_(c), run_(run) {}
+    ~KvWait() {
+      if (counted_) --c_->waiting_for_kv_;
+    }
+    void Start() {
+      if (counted_) return;
+      counted_ = true;
+      ++c_->waiting_for_kv_;
+      if (!run_->waited_for_kv) c_->metrics_.kv_waits.fetch_add(1);
+      run_->waited_for_kv = true;
+    }
+    bool counted() const { return counted_; }
+
+   private:
+    ConductorImpl* c_;
+    RequestRun* run_;
+    bool counted_ = false;
+  };
+
   // Places (or re-places) the request for its thread, waiting while no decode worker has KV
   // room; `force_local`: the decode worker computes the prompt. False when it cannot run
   // (run->error says why). An admitted request is not rejected later (kNone never rejects).
   bool PlaceForRun(RequestRun* run, bool first, bool force_local) {
     std::unique_lock<std::mutex> lock(mu_);
-    bool counted_wait = false;
+    KvWait wait(this, run);
     while (true) {
       Placement p;
       if (first) {
@@ -301,28 +325,18 @@ class ConductorImpl final : public Conductor {
         run->committed_at = Clock::now();
         view_.Commit(run->load, p, run->decode, run->prefill, ExpectedOutputLocked(),
                      run->committed_at);
-        if (counted_wait) --waiting_for_kv_;
         return true;
       }
       if (p.outcome == Placement::Outcome::kNoWorker) {
-        if (counted_wait) --waiting_for_kv_;
         run->error = Unavailable(p.message);
         return false;
       }
-      // kWait: no decode worker has room for the prompt's KV now.
-      if (!counted_wait) {
-        counted_wait = true;
-        ++waiting_for_kv_;
-        if (!run->waited_for_kv) metrics_.kv_waits.fetch_add(1);
-        run->waited_for_kv = true;
-      }
+      wait.Start();  // kWait: no decode worker has room for the prompt's KV now
       if (stop_ || cancel_all_.load()) {
-        --waiting_for_kv_;
         run->error = Cancelled("the server stopped");
         return false;
       }
       if (Clock::now() >= run->r.deadline) {
-        --waiting_for_kv_;
         run->error = DeadlineExceeded(
             "no decode worker had room for the prompt's KV cache before the request deadline");
         return false;
@@ -339,38 +353,29 @@ class ConductorImpl final : public Conductor {
   // Then promises the blocks its reservation takes on the decode worker, waiting for room.
   bool WaitForPrefillTurn(RequestRun* run, bool may_replace) {
     std::unique_lock<std::mutex> lock(mu_);
-    bool counted_wait = false;
-    auto done = [&](bool ok) {
-      if (counted_wait) --waiting_for_kv_;
-      return ok;
-    };
+    KvWait wait(this, run);
     while (true) {
       const auto now = Clock::now();
       const ClusterView::Worker* w = run->prefill.empty() ? nullptr : view_.Find(run->prefill);
       const double ahead = w ? ClusterView::QueueSeconds(*w, now, run->load.seq) : 0;
       if (ahead <= std::max(kDispatchAheadS, run->placement.predicted_prefill_s)) {
         const ClusterView::Worker* d = view_.Find(run->decode);
-        const int bt = d && d->info.block_tokens > 0 ? d->info.block_tokens : 16;
-        const int need = (run->load.prompt_tokens + 1 + bt - 1) / bt -
-                         run->placement.decode_cached_tokens / bt;
-        if (view_.Dispatch(run->load.seq, run->decode, run->prefill, need, now)) return done(true);
-        if (!counted_wait) {  // its turn, but no KV room on the decode worker now
-          counted_wait = true;
-          ++waiting_for_kv_;
-          if (!run->waited_for_kv) metrics_.kv_waits.fetch_add(1);
-          run->waited_for_kv = true;
-        }
+        const int need = DecodeBlocksNeeded(run->load.prompt_tokens,
+                                            run->placement.decode_cached_tokens,
+                                            d ? d->info.block_tokens : 0);
+        if (view_.Dispatch(run->load.seq, run->decode, run->prefill, need, now)) return true;
+        wait.Start();  // its turn, but no KV room on the decode worker now
       }
       if (stop_ || cancel_all_.load()) {
         run->error = Cancelled("the server stopped");
-        return done(false);
+        return false;
       }
       if (now >= run->r.deadline) {
         run->error = DeadlineExceeded(
-            counted_wait ? "no decode worker had room for the prompt's KV cache before the "
-                           "request deadline"
-                         : serving::kRequestDeadlinePassed);
-        return done(false);
+            wait.counted() ? "no decode worker had room for the prompt's KV cache before the "
+                             "request deadline"
+                           : serving::kRequestDeadlinePassed);
+        return false;
       }
       cv_.wait_until(lock, std::min(run->r.deadline, now + std::chrono::milliseconds(50)));
       if (!may_replace || options_.placement != PlacementPolicy::kCacheLoad) continue;
@@ -529,10 +534,7 @@ class ConductorImpl final : public Conductor {
       if (p.outcome != Placement::Outcome::kPlaced) next.clear();
       run->prefill = next;
       if (!next.empty()) {
-        if (auto* w = view_.Find(next)) {
-          w->placed.insert(run->load.seq);
-          w->prefills[run->load.seq] = {p.predicted_prefill_s, Clock::now()};  // sent at once
-        }
+        view_.ReassignPrefill(run->load.seq, next, p.predicted_prefill_s, Clock::now());
         metrics_.prefill_retries.fetch_add(1);
       }
     }

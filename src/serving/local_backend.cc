@@ -567,7 +567,8 @@ class LocalBackendImpl final : public LocalBackend {
 
   void PublishStats() {
     running_count_.store(static_cast<int>(running_.size()));
-    {
+    if (prefix_cache_.version() != published_keys_version_) {  // copy only what changed
+      published_keys_version_ = prefix_cache_.version();
       auto keys = prefix_cache_.Keys();
       std::lock_guard<std::mutex> lock(keys_mu_);
       cached_keys_ = std::move(keys);
@@ -617,6 +618,7 @@ class LocalBackendImpl final : public LocalBackend {
 
   mutable std::mutex keys_mu_;
   std::vector<uint64_t> cached_keys_;  // guarded by keys_mu_; the prefix cache's keys
+  uint64_t published_keys_version_ = 0;  // loop thread only: the version cached_keys_ holds
 
   std::thread loop_;  // last: starts after every member above is constructed
 };

@@ -39,6 +39,7 @@ void PrefixCache::Insert(uint64_t key, int32_t block) {
   kv_->AddRef(block);
   lru_.push_front(key);
   entries_.emplace(key, Entry{block, lru_.begin()});
+  ++version_;
 }
 
 int PrefixCache::UnsharedBlocks() const {
@@ -55,6 +56,7 @@ int PrefixCache::Evict(int n) {
     if (kv_->ref_count(entry->second.block) != 1) continue;  // a sequence still uses it
     kv_->Release(entry->second.block);
     entries_.erase(entry);
+    ++version_;
     it = lru_.erase(it);
     ++freed;
   }

@@ -41,6 +41,8 @@ class PrefixCache {
 
   // Every cached key, in no particular order (what the worker reports to the conductor).
   std::vector<uint64_t> Keys() const;
+  // Changes whenever the set of keys does (an insertion or an eviction).
+  uint64_t version() const { return version_; }
 
   int cached_blocks() const { return static_cast<int>(entries_.size()); }
   // Cached blocks no sequence holds (evictable). O(cached blocks).
@@ -54,6 +56,7 @@ class PrefixCache {
   engine::PagedKvCache* kv_;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;  // keys, most recently used first
+  uint64_t version_ = 0;
 };
 
 }  // namespace tandem::serving

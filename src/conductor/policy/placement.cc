@@ -19,9 +19,10 @@ bool Excluded(std::span<const int> exclude, int i) {
   return std::find(exclude.begin(), exclude.end(), i) != exclude.end();
 }
 
-int BlocksFor(int64_t tokens, int block_tokens) {
-  const int bt = std::max(1, block_tokens);
-  return static_cast<int>((tokens + bt - 1) / bt);
+// Prompt tokens the worker holds for this request, in whole blocks, leaving one to compute.
+int CachedTokens(const WorkerSnapshot& w, const RequestShape& r) {
+  const int bt = std::max(1, w.block_tokens);
+  return std::min(w.cached_prompt_tokens, r.prompt_tokens - 1) / bt * bt;
 }
 
 std::string Ms(double s) { return std::to_string(static_cast<int64_t>(std::llround(s * 1000))) + " ms"; }
@@ -63,6 +64,11 @@ StatusOr<AdmissionPolicy> ParseAdmissionPolicy(const std::string& name) {
   return InvalidArgument("unknown admission policy '" + name + "' (none, early, predictive)");
 }
 
+int DecodeBlocksNeeded(int prompt_tokens, int cached_tokens, int block_tokens) {
+  const int bt = block_tokens > 0 ? block_tokens : 16;
+  return std::max(0, (prompt_tokens + 1 + bt - 1) / bt - cached_tokens / bt);
+}
+
 std::pair<int64_t, int64_t> DecodeBatchAt(const WorkerSnapshot& w, double t_s,
                                           int64_t extra_context) {
   int64_t batch = 1, context = extra_context;
@@ -89,14 +95,14 @@ double PredictTbt(const WorkerSnapshot& d, const RequestShape& r, double join_s)
 
 double PredictRemoteTtft(const WorkerSnapshot& prefill, const RequestShape& r) {
   if (!prefill.cost.valid()) return kInf;
-  const int64_t cached = std::min<int64_t>(prefill.cached_prompt_tokens, r.prompt_tokens - 1);
+  const int64_t cached = CachedTokens(prefill, r);
   return prefill.prefill_queue_s + prefill.cost.PrefillSeconds(r.prompt_tokens - cached, cached) +
          prefill.kv_transfer_s;
 }
 
 double PredictLocalTtft(const WorkerSnapshot& decode, const RequestShape& r) {
   if (!decode.cost.valid()) return kInf;
-  const int64_t cached = std::min<int64_t>(decode.cached_prompt_tokens, r.prompt_tokens - 1);
+  const int64_t cached = CachedTokens(decode, r);
   const int64_t n_new = r.prompt_tokens - cached;
   const auto [batch, context] = DecodeBatchAt(decode, 0, 0);
   const int64_t others = batch - 1;  // the sequences decoding now share every step
@@ -157,10 +163,9 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
     const WorkerSnapshot& w = workers[i];
     if (!w.healthy || w.role == WorkerRole::kPrefill) continue;
     any_decoder = true;
-    const int cached_blocks = std::min(w.cached_prompt_tokens, r.prompt_tokens - 1) /
-                              std::max(1, w.block_tokens);
-    const int need = BlocksFor(r.prompt_tokens + 1, w.block_tokens) - cached_blocks;
-    if (need <= w.kv_free_blocks) decoders.push_back(i);
+    if (DecodeBlocksNeeded(r.prompt_tokens, CachedTokens(w, r), w.block_tokens) <= w.kv_free_blocks) {
+      decoders.push_back(i);
+    }
   }
   if (!any_decoder) {
     p.outcome = Placement::Outcome::kNoWorker;
@@ -219,15 +224,14 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
   }
   const WorkerSnapshot& d = workers[decode];
   p.decode = decode;
-  p.decode_cached_tokens = std::min(d.cached_prompt_tokens, r.prompt_tokens - 1) /
-                           std::max(1, d.block_tokens) * std::max(1, d.block_tokens);
+  p.decode_cached_tokens = CachedTokens(d, r);
   p.predicted_tbt_s = tbt_of(decode);
   if (r.slo_tbt_s > 0 && p.predicted_tbt_s > r.slo_tbt_s) tbt_met = false;
 
   // ---- conditional disaggregation ----
   p.local = p.prefill < 0;
+  const double local_ttft = PredictLocalTtft(d, r);  // infinite without a cost model
   if (predict && o.allow_local_prefill && d.cost.valid() && p.prefill >= 0) {
-    const double local_ttft = PredictLocalTtft(d, r);
     bool keeps_tbt = true;
     if (r.slo_tbt_s > 0) {
       // While the prompt is computed, each of the batch's steps carries a prefill chunk.
@@ -243,7 +247,7 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
   }
   if (p.local) {
     p.prefill = -1;
-    p.predicted_ttft_s = d.cost.valid() ? PredictLocalTtft(d, r) : 0;
+    p.predicted_ttft_s = d.cost.valid() ? local_ttft : 0;
     p.predicted_prefill_s =
         d.cost.valid() ? d.cost.PrefillSeconds(r.prompt_tokens - p.decode_cached_tokens,
                                                p.decode_cached_tokens)
@@ -251,7 +255,7 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
   } else {
     const WorkerSnapshot& pw = workers[p.prefill];
     p.predicted_ttft_s = std::isfinite(remote_ttft) ? remote_ttft : 0;
-    const int64_t cached = std::min<int64_t>(pw.cached_prompt_tokens, r.prompt_tokens - 1);
+    const int64_t cached = CachedTokens(pw, r);
     p.predicted_prefill_s =
         pw.cost.valid() ? pw.cost.PrefillSeconds(r.prompt_tokens - cached, cached) : 0;
   }

@@ -109,6 +109,11 @@ struct Placement {
   int decode_cached_tokens = 0; // prompt tokens the decode worker already holds
 };
 
+// Fresh KV blocks a decode worker reserves for a prompt of `prompt_tokens` (plus the first
+// generated token) when its prefix cache holds the first `cached_tokens` (whole blocks);
+// block_tokens <= 0 counts as 16.
+int DecodeBlocksNeeded(int prompt_tokens, int cached_tokens, int block_tokens);
+
 // The decode batch of `w` at `t_s` seconds from now, with one more sequence of `extra_context`
 // tokens: (batch, total context tokens).
 std::pair<int64_t, int64_t> DecodeBatchAt(const WorkerSnapshot& w, double t_s,
