@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "generate_command.h"
 #include "serve_command.h"
+#include "simulate_command.h"
 #include "worker_command.h"
 #include "transfer_bench_command.h"
 
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd = tandem::app::AddBenchCommand(app, bench);
   tandem::app::TransferBenchFlags transfer_bench;
   CLI::App* transfer_bench_cmd = tandem::app::AddTransferBenchCommand(app, transfer_bench);
+  tandem::app::SimulateFlags simulate;
+  CLI::App* simulate_cmd = tandem::app::AddSimulateCommand(app, simulate);
   CLI11_PARSE(app, argc, argv);
   if ((serve_cmd->parsed() || worker_cmd->parsed() || conductor_cmd->parsed()) &&
       log_level_opt->count() == 0) {
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   if (conductor_cmd->parsed()) return tandem::app::RunServe(conductor);
   if (profile_cmd->parsed()) return tandem::app::RunProfile(profile);
   if (bench_cmd->parsed()) return tandem::app::RunBench(bench);
+  if (simulate_cmd->parsed()) return tandem::app::RunSimulate(simulate);
   if (transfer_bench_cmd->parsed()) return tandem::app::RunTransferBench(transfer_bench);
   return 2;
 }

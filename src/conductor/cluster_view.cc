@@ -65,9 +65,7 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
     w.healthy = true;
     w.reported_keys = std::unordered_set<uint64_t>(stats->cached_block_keys.begin(),
                                                    stats->cached_block_keys.end());
-    for (auto it = w.placed_keys.begin(); it != w.placed_keys.end();) {
-      it = now - it->second.at > kPlacedKeyLifetime ? w.placed_keys.erase(it) : std::next(it);
-    }
+    ExpirePlacedKeys(&w, now);
     // Reservations made before this probe started are in its figures now.
     for (auto it = w.promises.begin(); it != w.promises.end();) {
       it = it->second.confirmed < probe_start ? w.promises.erase(it) : std::next(it);
@@ -77,6 +75,12 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
     event = "stopped answering";
   }
   return event;
+}
+
+void ClusterView::ExpirePlacedKeys(Worker* w, Clock::time_point now) {
+  for (auto it = w->placed_keys.begin(); it != w->placed_keys.end();) {
+    it = now - it->second.at > kPlacedKeyLifetime ? w->placed_keys.erase(it) : std::next(it);
+  }
 }
 
 std::vector<std::string> ClusterView::MarkUnlisted(const std::unordered_set<std::string>& listed) {
@@ -102,9 +106,11 @@ double ClusterView::QueueSeconds(const Worker& w, Clock::time_point now, uint64_
       oldest = std::min(oldest, job.started);
     }
   }
-  // The worker has been busy since the oldest job sent to it started (prefills run in arrival
-  // order): what it has done since then is no longer queued. Held jobs wait behind.
-  const double busy = oldest == Clock::time_point::max() ? 0 : Seconds(now - oldest);
+  // The worker has been on its oldest sent job since that was sent or, if it was sent while
+  // an earlier one ran, since that one ended (prefills run in arrival order): what it has done
+  // since then is no longer queued. Held jobs wait behind.
+  const double busy =
+      oldest == Clock::time_point::max() ? 0 : Seconds(now - std::max(oldest, w.prefill_done_at));
   return std::max(0.0, sent - busy) + held;
 }
 
@@ -214,12 +220,12 @@ void ClusterView::PrefillDone(const RequestLoad& r, const std::string& prefill,
                               const std::string& decode, double transfer_s, Clock::time_point now) {
   const uint64_t seq = r.seq;
   if (Worker* w = prefill.empty() ? nullptr : Find(prefill)) {
-    w->prefills.erase(seq);
+    if (w->prefills.erase(seq)) w->prefill_done_at = now;
     w->placed.erase(seq);
     if (transfer_s >= 0) w->kv_transfer_s = 0.8 * w->kv_transfer_s + 0.2 * transfer_s;
   }
   if (Worker* d = Find(decode)) {
-    d->prefills.erase(seq);  // a local prefill
+    if (d->prefills.erase(seq)) d->prefill_done_at = now;  // a local prefill
     for (uint64_t k : r.keys) AddPlacedKey(d, k, seq, now);
     auto it = d->decodes.find(seq);
     if (it != d->decodes.end()) {

@@ -22,6 +22,10 @@
 
 namespace tandem::conductor {
 
+// A request held by the conductor is sent to its prefill worker once at most this much
+// predicted work (or its own prefill time, if longer) is ahead of it there (seconds).
+inline constexpr double kDispatchAheadS = 0.25;
+
 // What one request asks of the cluster, as the view accounts it.
 struct RequestLoad {
   uint64_t seq = 0;                // unique per request
@@ -55,6 +59,8 @@ class ClusterView {
                                                              // still held by the conductor)
     };
     std::map<uint64_t, PrefillJob> prefills;  // by request seq (remote, or local on a decoder)
+    // When its last prefill ended: the job sent next started then at the earliest.
+    Clock::time_point prefill_done_at{};
     struct DecodeJob {
       int64_t prompt_tokens = 0;
       int emitted = 0;
@@ -84,6 +90,9 @@ class ClusterView {
   // Returns a log line when the worker joined, rejoined or went silent (empty otherwise).
   std::string ApplyProbe(const cluster::WorkerInfo& info, const StatusOr<cluster::WorkerStats>& stats,
                          Clock::time_point probe_start, Clock::duration worker_timeout);
+  // Forgets placed prompt keys older than their lifetime on `w` (a probe does this; so does
+  // the simulator, which has no probes).
+  static void ExpirePlacedKeys(Worker* w, Clock::time_point now);
   // Workers no longer listed: unhealthy. Returns their names.
   std::vector<std::string> MarkUnlisted(const std::unordered_set<std::string>& listed);
 

@@ -28,10 +28,6 @@ using cluster::PrefillResult;
 using cluster::Role;
 using cluster::WorkerInfo;
 
-// A request is sent to its prefill worker once at most this much predicted work (or its own
-// prefill time, if longer) is ahead of it there.
-constexpr double kDispatchAheadS = 0.25;
-
 // Stats() refreshes the workers' figures first when they are older than this.
 constexpr auto kStatsFreshness = std::chrono::milliseconds(30);
 

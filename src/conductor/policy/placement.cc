@@ -197,6 +197,19 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
       }
       break;
     case PlacementPolicy::kCacheLoad: {
+      if (prefillers.empty()) {
+        // Colocated (mixed workers only): the prompt is computed where it decodes, so the
+        // worker with the lowest predicted TTFT among those that keep the TBT SLO wins.
+        auto key = [&](int i) {
+          const bool breaks = r.slo_tbt_s > 0 && tbt_of(i) > r.slo_tbt_s;
+          return std::make_tuple(breaks, PredictLocalTtft(workers[i], r), LoadKey(workers[i]));
+        };
+        for (int i : decoders) {
+          if (key(i) < key(decode)) decode = i;
+        }
+        tbt_met = r.slo_tbt_s <= 0 || tbt_of(decode) <= r.slo_tbt_s;
+        break;
+      }
       if (r.slo_tbt_s > 0) {
         // Pack: the busiest worker that still meets the TBT SLO.
         int packed = -1;

@@ -10,6 +10,8 @@
 //   - the decode worker: among those with KV room whose predicted step time with this request
 //     joined meets the TBT SLO, the busiest (pack, so that idle ones can be released), or the
 //     least loaded when no TBT SLO is set;
+//   - with no prefill workers (colocated, mixed workers only) the decode worker is the one
+//     with the lowest predicted TTFT among those that keep the TBT SLO;
 //   - conditional disaggregation: if computing the prompt on the chosen decode worker itself
 //     (chunked into its decode steps) gives a clearly lower TTFT (local_prefill_gain) and keeps
 //     its TBT within the SLO, the prompt is computed there (`local`);

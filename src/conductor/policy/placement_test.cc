@@ -56,6 +56,22 @@ TEST(PlacementTest, CacheLoadPrefersTheHolderOfTheLongestPrefixWhenIdle) {
   EXPECT_NEAR(p.predicted_ttft_s, 0.205, 1e-9);
 }
 
+// Colocated (mixed workers only): the prompt is computed where it decodes, so the worker that
+// answers first wins: the holder of the prefix when idle, an idle one when the holder is busy.
+TEST(PlacementTest, ColocatedPicksTheLowestPredictedTtft) {
+  std::vector<WorkerSnapshot> w = {Worker("m0", WorkerRole::kMixed), Worker("m1", WorkerRole::kMixed)};
+  w[1].cached_prompt_tokens = 800;
+  Placement p = Place(w, Prompt(1000), Opts());
+  ASSERT_EQ(p.outcome, Placement::Outcome::kPlaced);
+  EXPECT_EQ(p.decode, 1);
+  EXPECT_TRUE(p.local);
+  EXPECT_NEAR(p.predicted_ttft_s, 0.200, 1e-9);  // 200 uncached tokens at 1 ms
+  w[1].prefill_queue_s = 2.0;                    // busy with other prompts
+  p = Place(w, Prompt(1000), Opts());
+  EXPECT_EQ(p.decode, 0);
+  EXPECT_NEAR(p.predicted_ttft_s, 1.0, 1e-9);
+}
+
 TEST(PlacementTest, CacheLoadLeavesABusyHolderForAnIdleWorker) {
   std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("p1", WorkerRole::kPrefill),
                                    Worker("d0", WorkerRole::kDecode)};
