@@ -285,7 +285,8 @@ def trace_rows(path, start, n):
 
 
 def poisson_retimed(rows, seed=0):
-    """The rows with Poisson arrivals of mean gap 1 s (the benchmark rescales them to each rate)."""
+    """The rows with Poisson arrivals of mean gap 1 s (the benchmark rescales them to each rate,
+    or --time-scale T gives a rate of 1/T)."""
     times = workload.arrivals(len(rows), 1.0, 1.0, random.Random(seed))
     return [dict(d, timestamp=round(t * 1000.0, 3)) for d, t in zip(rows, times)]
 

@@ -39,10 +39,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
                   "of --prefix-groups prefixes")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--prefix-groups", f.prefix_groups, "Synthetic: distinct shared prefixes")
       ->check(CLI::Range(1, 1000000))->capture_default_str();
-  cmd->add_option("--prefill", f.prefill, "Prefill instances")->check(CLI::Range(0, 100000))
-      ->capture_default_str();
-  cmd->add_option("--decode", f.decode, "Decode instances")->check(CLI::Range(0, 100000))
-      ->capture_default_str();
+  cmd->add_option("--prefill", f.prefill, "Prefill instances (default 1, or 0 with --mixed)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--decode", f.decode, "Decode instances (default 1, or 0 with --mixed)")
+      ->check(CLI::Range(0, 100000));
   cmd->add_option("--mixed", f.mixed, "Colocated instances (prefill and decode on one engine, "
                   "chunked prefill)")->check(CLI::Range(0, 100000))->capture_default_str();
   cmd->add_option("--placement-policy", f.placement_policy,
@@ -78,7 +78,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
   return cmd;
 }
 
-int RunSimulate(const SimulateFlags& f) {
+int RunSimulate(const SimulateFlags& flags) {
+  SimulateFlags f = flags;
+  if (f.prefill < 0) f.prefill = f.mixed > 0 ? 0 : 1;
+  if (f.decode < 0) f.decode = f.mixed > 0 ? 0 : 1;
   auto profile = sim::LoadProfile(f.profile);
   if (!profile.ok()) {
     std::fprintf(stderr, "error: %s\n", profile.status().ToString().c_str());

@@ -26,8 +26,8 @@ struct SimulateFlags {
   double shared_prefix = 0.0;
   int prefix_groups = 4;
   // Cluster and scheduling.
-  int prefill = 1;
-  int decode = 1;
+  int prefill = -1;                  // -1: 1, or 0 with --mixed
+  int decode = -1;
   int mixed = 0;
   std::string placement_policy = "cache-load";
   std::string admission = "predictive";

@@ -78,7 +78,7 @@ Status CheckHardware(const HardwareSpec& h) {
 Status CheckInstance(const InstanceProfile& p) {
   if (!p.cost.valid()) return InvalidArgument("profile: the cost model has no prefill or decode time");
   if (p.block_tokens <= 0 || p.max_batch_tokens <= 0 || p.kv_capacity_tokens < p.block_tokens ||
-      p.prefix_cache_tokens < 0 || p.kv_bytes_per_token < 0 || p.layers <= 0 ||
+      p.prefix_cache_tokens < 0 || p.max_num_seqs < 0 || p.kv_bytes_per_token < 0 || p.layers <= 0 ||
       p.link_bytes_per_s <= 0 || p.link_latency_s < 0) {
     return InvalidArgument(
         "profile: block_tokens, max_batch_tokens, layers and link_bytes_per_s must be > 0, "
@@ -169,6 +169,7 @@ StatusOr<InstanceProfile> ParseProfile(const std::string& text) {
       Read(i, "kv_capacity_tokens", &p.kv_capacity_tokens);
       Read(i, "block_tokens", &p.block_tokens);
       Read(i, "max_batch_tokens", &p.max_batch_tokens);
+      Read(i, "max_num_seqs", &p.max_num_seqs);
       Read(i, "prefix_cache_tokens", &p.prefix_cache_tokens);
       Read(i, "kv_bytes_per_token", &p.kv_bytes_per_token);
       Read(i, "layers", &p.layers);

@@ -63,6 +63,7 @@ struct InstanceProfile {
   int64_t kv_capacity_tokens = 0;   // KV memory of one instance (tokens)
   int block_tokens = 16;            // KV block and prefix-key granularity
   int max_batch_tokens = 2048;      // tokens per step (the chunk of a chunked prefill)
+  int max_num_seqs = 0;             // sequences decoding at once (0: no limit but KV memory)
   int64_t prefix_cache_tokens = 0;  // prefill instances: tokens kept for reuse (host DRAM)
   double kv_bytes_per_token = 0;    // moved from prefill to decode
   int layers = 1;                   // KV is pushed layer by layer

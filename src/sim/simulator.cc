@@ -390,6 +390,7 @@ class Simulation {
       ++result_.local_prefills;
       r.rec.local = true;
       r.local_done = r.decode_hit_tokens;
+      d.rec.cached_tokens += r.decode_hit_tokens;
       r.rec.cached_tokens = static_cast<int>(r.decode_hit_tokens);
       d.local.push_back(i);
       Kick(d);
@@ -516,8 +517,12 @@ class Simulation {
 
   void Kick(Instance& d) {
     if (d.stepping || (d.batch.empty() && d.joining.empty() && d.local.empty())) return;
-    for (int i : d.joining) d.batch.push_back(i);
-    d.joining.clear();
+    // Sequences join up to max_num_seqs; the rest wait for a place (in order).
+    const size_t cap = o_.profile.max_num_seqs > 0 ? static_cast<size_t>(o_.profile.max_num_seqs)
+                                                   : SIZE_MAX;
+    size_t joined = 0;
+    while (joined < d.joining.size() && d.batch.size() < cap) d.batch.push_back(d.joining[joined++]);
+    d.joining.erase(d.joining.begin(), d.joining.begin() + joined);
     const conductor::CostModel& c = o_.profile.cost;
     const int64_t batch = static_cast<int64_t>(d.batch.size());
     int64_t context = 0;

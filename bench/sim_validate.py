@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Validation of the simulator against this machine: the same Mooncake-trace slice served for
+real by `tandem serve` (default disaggregated mode: 1 prefill + 1 decode worker of one thread;
+and --mode colocated with 2 threads) and simulated by `tandem simulate` with this machine's
+measured profiles (`tandem profile --threads 1` and `--threads 2`, taken at the start of the
+run). The simulated workload is the real run's: each request's arrival, the prompt tokens the
+server counted, the tokens it generated and the trace's hash ids. Table: TTFT and TBT p50 / p90,
+real and simulated, and simulated / real (the goal: within 10%).
+
+    python3 bench/sim_validate.py --out bench/out/sim-validate            # ~5 minutes
+    python3 bench/sim_validate.py --quick --out bench/out/sim-validate-quick
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import scheduling_compare as sc  # noqa: E402
+from compare_servers import make_logger  # noqa: E402
+
+CPU_PROFILE_TEMPLATE = os.path.join(ROOT, "profiles", "smollm2-135m-cpu-1t.json")
+MODES = {
+    # name: (tandem serve flags, tandem simulate flags, profile threads)
+    "default": (sc.disagg_args(1, 1, 1), ["--prefill", "1", "--decode", "1"], 1),
+    "colocated": (["--mode", "colocated", "--threads", "2"], ["--mixed", "1"], 2),
+}
+
+
+def measured_profile(tandem, model, threads, out_dir):
+    """This machine's profile for `threads` engine threads, in the simulator's format (the
+    instance fields from the checked-in CPU profile)."""
+    cost_path = os.path.join(out_dir, f"cost-{threads}t.json")
+    subprocess.run([tandem, "profile", "--model", model, "--threads", str(threads), "--out",
+                    cost_path], check=True, capture_output=True, timeout=600)
+    with open(cost_path) as f:
+        cost = json.load(f)
+    with open(CPU_PROFILE_TEMPLATE) as f:
+        prof = json.load(f)
+    prof["cost"] = cost
+    prof["description"] = f"SmolLM2-135M on {threads} thread(s) of this machine (measured now)"
+    path = os.path.join(out_dir, f"profile-{threads}t.json")
+    with open(path, "w") as f:
+        json.dump(prof, f, indent=1)
+    return path
+
+
+def simulated_trace(results_path, rows, path):
+    """The real run's requests as a trace for the simulator: arrival, prompt tokens counted by
+    the server, tokens generated, hash ids; failed requests are left out."""
+    with open(results_path) as f:
+        res = json.load(f)
+    kept = 0
+    with open(path, "w") as f:
+        for r in sorted(res["requests"], key=lambda r: r["scheduled_s"]):
+            if not r["ok"]:
+                continue
+            f.write(json.dumps({"timestamp": r["scheduled_s"] * 1000.0,
+                                "input_length": r["prompt_tokens"] or r["input_tokens_target"],
+                                "output_length": r["output_tokens"],
+                                "hash_ids": rows[r["index"]]["hash_ids"]}) + "\n")
+            kept += 1
+    return kept
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
+    ap.add_argument("--model", default=sc.MODEL)
+    ap.add_argument("--trace", default=sc.TRACE)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "sim-validate"))
+    ap.add_argument("--quick", action="store_true", help="a smoke run (a minute)")
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--length-scale", type=float, default=0.02)
+    ap.add_argument("--output-scale", type=float, default=0.1)
+    ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, requests/s")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--modes", default="default,colocated")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests = min(args.requests, 8)
+    # What scheduling_compare.run_config reads.
+    args.block_tokens, args.serve_arg, args.bench_arg, args.warmup = 16, [], [], 2
+    args.bench_timeout_s = 1800.0
+    os.makedirs(args.out, exist_ok=True)
+    log = make_logger(args.out)
+    rows = sc.poisson_retimed(sc.trace_rows(args.trace, args.start, args.requests))
+    slice_path = os.path.join(args.out, "trace_slice.jsonl")
+    sc.write_rows(slice_path, rows)
+    per_block = sc.prompts.trace_block_tokens(args.length_scale, sc.TRACE_BLOCK_TOKENS)
+    bench_args = ["--trace", slice_path, "--length-scale", f"{args.length_scale:g}",
+                  "--output-scale", f"{args.output_scale:g}", "--time-scale", f"{1.0 / args.rate:.6g}"]
+    keys = ("ttft_p50", "ttft_p90", "tbt_p50", "tbt_p90")
+    figures = {}
+    for mode in [m for m in args.modes.split(",") if m]:
+        serve_args, sim_args, threads = MODES[mode]
+        per_round = {k: [] for k in keys}
+        for rnd in range(args.rounds):
+            out_dir = os.path.join(args.out, f"{mode}-round{rnd + 1}")
+            profile = measured_profile(args.tandem, args.model, threads, args.out)
+            run = sc.run_config(args, mode, serve_args, bench_args, out_dir, log)
+            sim_trace = os.path.join(out_dir, "sim_trace.jsonl")
+            n = simulated_trace(os.path.join(out_dir, "results.json"), rows, sim_trace)
+            sim = subprocess.run([args.tandem, "simulate", "--profile", profile, "--trace", sim_trace,
+                                  "--trace-block-tokens", str(per_block), "--out",
+                                  os.path.join(out_dir, "sim"), "--json", *sim_args],
+                                 capture_output=True, text=True, check=True, timeout=600)
+            s_sim, s_real = json.loads(sim.stdout), run["summary"]
+            for k in keys:
+                metric, q = k.split("_")
+                per_round[k].append((s_real[metric + "_ms"][q], s_sim[metric + "_ms"][q]))
+            log(f"{mode} round {rnd + 1}: {n} requests; real TTFT p50 {s_real['ttft_ms']['p50']:.0f} ms, "
+                f"simulated {s_sim['ttft_ms']['p50']:.0f} ms")
+        figures[mode] = {k: (statistics.median(r for r, _ in v), statistics.median(s for _, s in v))
+                         for k, v in per_round.items()}
+    lines = [f"## Simulator against the real system (median of {args.rounds} round(s))", "",
+             f"Workload: trace lines {args.start}..{args.start + args.requests}, length scale "
+             f"{args.length_scale:g}, output scale {args.output_scale:g}, Poisson arrivals at "
+             f"{args.rate:g}/s; simulated with the profiles measured at the start of the run.", "",
+             "| mode | metric | real ms | simulated ms | simulated / real |", "|---|---|---|---|---|"]
+    for mode, f in figures.items():
+        for k in keys:
+            real, simd = f[k]
+            ratio = f"{simd / real:.2f}" if real else "n/a"
+            lines.append(f"| {mode} | {k.replace('_', ' ')} | {real:.1f} | {simd:.1f} | {ratio} |")
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, "validation.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "validation.json"), "w") as f:
+        json.dump({"figures": figures, "args": vars(args)}, f, indent=1, default=str)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
