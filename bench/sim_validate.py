@@ -7,6 +7,11 @@ run). The simulated workload is the real run's: each request's arrival, the prom
 server counted, the tokens it generated and the trace's hash ids. Table: TTFT and TBT p50 / p90,
 real and simulated, and simulated / real (the goal: within 10%).
 
+What an engine's step times leave out (the front door, the hand-off's calls, sampling and
+streaming) is calibrated first, per mode, on a separate idle run (one client, short prompts):
+the median of real - simulated TTFT becomes the profile's ttft_overhead_s and that of real -
+simulated TPOT its step_overhead_s. The table shows the simulation without and with them.
+
     python3 bench/sim_validate.py --out bench/out/sim-validate            # ~5 minutes
     python3 bench/sim_validate.py --quick --out bench/out/sim-validate-quick
 """
@@ -51,21 +56,47 @@ def measured_profile(tandem, model, threads, out_dir):
 
 
 def simulated_trace(results_path, rows, path):
-    """The real run's requests as a trace for the simulator: arrival, prompt tokens counted by
-    the server, tokens generated, hash ids; failed requests are left out."""
+    """The real run's requests as a trace for the simulator: when they were sent, prompt tokens
+    counted by the server, tokens generated, hash ids (rows: the workload's, None for a
+    synthetic one); failed requests are left out. Returns the real records kept, in order."""
     with open(results_path) as f:
         res = json.load(f)
-    kept = 0
+    kept = sorted((r for r in res["requests"] if r["ok"]), key=lambda r: r["sent_s"])
     with open(path, "w") as f:
-        for r in sorted(res["requests"], key=lambda r: r["scheduled_s"]):
-            if not r["ok"]:
-                continue
-            f.write(json.dumps({"timestamp": r["scheduled_s"] * 1000.0,
+        for r in kept:
+            f.write(json.dumps({"timestamp": r["sent_s"] * 1000.0,
                                 "input_length": r["prompt_tokens"] or r["input_tokens_target"],
                                 "output_length": r["output_tokens"],
-                                "hash_ids": rows[r["index"]]["hash_ids"]}) + "\n")
-            kept += 1
+                                "hash_ids": rows[r["index"]]["hash_ids"] if rows else []}) + "\n")
     return kept
+
+
+def run_simulation(args, profile, trace, block_tokens, sim_args, out_dir, overheads=(0.0, 0.0)):
+    """`tandem simulate` of `trace`: (summary, request records in arrival order)."""
+    subprocess.run([args.tandem, "simulate", "--profile", profile, "--trace", trace,
+                    "--trace-block-tokens", str(block_tokens), "--out", out_dir,
+                    "--ttft-overhead-ms", f"{overheads[0]:.3f}", "--step-overhead-ms",
+                    f"{overheads[1]:.3f}", *sim_args],
+                   capture_output=True, text=True, check=True, timeout=600)
+    with open(os.path.join(out_dir, "results.json")) as f:
+        res = json.load(f)
+    return res["summary"], res["requests"]
+
+
+def calibrate(args, mode, serve_args, sim_args, profile, out_dir, log):
+    """(ttft_overhead_ms, step_overhead_ms) of `mode` from an idle run: one client, short
+    prompts, real against simulated without overheads."""
+    bench_args = ["--num-requests", "12", "--input-len", "64", "--output-len", "16",
+                  "--closed-loop", "1"]
+    sc.run_config(args, f"{mode}-calibration", serve_args, bench_args, out_dir, log)
+    trace = os.path.join(out_dir, "sim_trace.jsonl")
+    real = simulated_trace(os.path.join(out_dir, "results.json"), None, trace)
+    _, sim = run_simulation(args, profile, trace, 16, sim_args, os.path.join(out_dir, "sim"))
+    ttft = statistics.median(r["ttft_ms"] - s["ttft_ms"] for r, s in zip(real, sim))
+    step = statistics.median(r["tpot_ms"] - s["tpot_ms"] for r, s in zip(real, sim)
+                             if r["tpot_ms"] is not None and s["tpot_ms"] is not None)
+    log(f"{mode}: calibrated overheads: TTFT {ttft:.1f} ms, decode step {step:.2f} ms")
+    return max(0.0, ttft), max(0.0, step)
 
 
 def main(argv=None):
@@ -97,38 +128,49 @@ def main(argv=None):
     bench_args = ["--trace", slice_path, "--length-scale", f"{args.length_scale:g}",
                   "--output-scale", f"{args.output_scale:g}", "--time-scale", f"{1.0 / args.rate:.6g}"]
     keys = ("ttft_p50", "ttft_p90", "tbt_p50", "tbt_p90")
-    figures = {}
+    figures, overheads = {}, {}
     for mode in [m for m in args.modes.split(",") if m]:
         serve_args, sim_args, threads = MODES[mode]
         per_round = {k: [] for k in keys}
         for rnd in range(args.rounds):
             out_dir = os.path.join(args.out, f"{mode}-round{rnd + 1}")
             profile = measured_profile(args.tandem, args.model, threads, args.out)
+            over = calibrate(args, mode, serve_args, sim_args, profile,
+                             os.path.join(out_dir, "calibration"), log)
+            overheads.setdefault(mode, []).append(over)
             run = sc.run_config(args, mode, serve_args, bench_args, out_dir, log)
             sim_trace = os.path.join(out_dir, "sim_trace.jsonl")
-            n = simulated_trace(os.path.join(out_dir, "results.json"), rows, sim_trace)
-            sim = subprocess.run([args.tandem, "simulate", "--profile", profile, "--trace", sim_trace,
-                                  "--trace-block-tokens", str(per_block), "--out",
-                                  os.path.join(out_dir, "sim"), "--json", *sim_args],
-                                 capture_output=True, text=True, check=True, timeout=600)
-            s_sim, s_real = json.loads(sim.stdout), run["summary"]
+            n = len(simulated_trace(os.path.join(out_dir, "results.json"), rows, sim_trace))
+            s_raw, _ = run_simulation(args, profile, sim_trace, per_block, sim_args,
+                                      os.path.join(out_dir, "sim-raw"))
+            s_cal, _ = run_simulation(args, profile, sim_trace, per_block, sim_args,
+                                      os.path.join(out_dir, "sim"), over)
+            s_real = run["summary"]
             for k in keys:
                 metric, q = k.split("_")
-                per_round[k].append((s_real[metric + "_ms"][q], s_sim[metric + "_ms"][q]))
-            log(f"{mode} round {rnd + 1}: {n} requests; real TTFT p50 {s_real['ttft_ms']['p50']:.0f} ms, "
-                f"simulated {s_sim['ttft_ms']['p50']:.0f} ms")
-        figures[mode] = {k: (statistics.median(r for r, _ in v), statistics.median(s for _, s in v))
+                per_round[k].append((s_real[metric + "_ms"][q], s_raw[metric + "_ms"][q],
+                                     s_cal[metric + "_ms"][q]))
+            log(f"{mode} round {rnd + 1}: {n} requests; TTFT p50 real {s_real['ttft_ms']['p50']:.0f} ms, "
+                f"simulated {s_raw['ttft_ms']['p50']:.0f} ms, calibrated {s_cal['ttft_ms']['p50']:.0f} ms")
+        figures[mode] = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
                          for k, v in per_round.items()}
     lines = [f"## Simulator against the real system (median of {args.rounds} round(s))", "",
              f"Workload: trace lines {args.start}..{args.start + args.requests}, length scale "
              f"{args.length_scale:g}, output scale {args.output_scale:g}, Poisson arrivals at "
-             f"{args.rate:g}/s; simulated with the profiles measured at the start of the run.", "",
-             "| mode | metric | real ms | simulated ms | simulated / real |", "|---|---|---|---|---|"]
+             f"{args.rate:g}/s; simulated with the profiles measured at the start of each round, "
+             "without and with the overheads calibrated on an idle run of the mode ("
+             + "; ".join(f"{m}: TTFT +{statistics.median(o[0] for o in v):.0f} ms, step "
+                         f"+{statistics.median(o[1] for o in v):.1f} ms" for m, v in overheads.items())
+             + ").", "",
+             "| mode | metric | real ms | simulated ms | simulated / real | calibrated ms | "
+             "calibrated / real |", "|---|---|---|---|---|---|---|"]
     for mode, f in figures.items():
         for k in keys:
-            real, simd = f[k]
-            ratio = f"{simd / real:.2f}" if real else "n/a"
-            lines.append(f"| {mode} | {k.replace('_', ' ')} | {real:.1f} | {simd:.1f} | {ratio} |")
+            real, raw, cal = f[k]
+            r1 = f"{raw / real:.2f}" if real else "n/a"
+            r2 = f"{cal / real:.2f}" if real else "n/a"
+            lines.append(f"| {mode} | {k.replace('_', ' ')} | {real:.1f} | {raw:.1f} | {r1} | "
+                         f"{cal:.1f} | {r2} |")
     table = "\n".join(lines)
     with open(os.path.join(args.out, "validation.md"), "w") as f:
         f.write(table + "\n")

@@ -68,6 +68,10 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
                   "scaled block, or the profile's for a synthetic load)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per step (0: the profile's)")
       ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--ttft-overhead-ms", f.ttft_overhead_ms, "Delay of every first token's delivery "
+                  "(default: the profile's)")->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--step-overhead-ms", f.step_overhead_ms, "Added to every decode step "
+                  "(default: the profile's)")->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--utilisation-interval-s", f.utilisation_interval_s, "Bucket of utilisation.json")
       ->check(CLI::Range(1e-3, 1e6))->capture_default_str();
   cmd->add_option("--seed", f.seed, "Random seed (random placement, engine noise, synthetic load)")
@@ -124,6 +128,8 @@ int RunSimulate(const SimulateFlags& flags) {
                     std::to_string(f.rate) + "/s";
   }
   if (f.max_batch_tokens > 0) o.profile.max_batch_tokens = f.max_batch_tokens;
+  if (f.ttft_overhead_ms >= 0) o.profile.ttft_overhead_s = f.ttft_overhead_ms / 1000.0;
+  if (f.step_overhead_ms >= 0) o.profile.step_overhead_s = f.step_overhead_ms / 1000.0;
   o.prefill_instances = f.prefill;
   o.decode_instances = f.decode;
   o.mixed_instances = f.mixed;

@@ -40,6 +40,8 @@ struct SimulateFlags {
   double predicted_scale = 1.0;
   int block_tokens = 0;              // 0: the trace's (scaled) block, else the profile's
   int max_batch_tokens = 0;          // 0: the profile's
+  double ttft_overhead_ms = -1;      // < 0: the profile's
+  double step_overhead_ms = -1;      // < 0: the profile's
   double utilisation_interval_s = 10;
   uint64_t seed = 1;
   std::string out;                   // results directory

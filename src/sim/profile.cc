@@ -79,7 +79,8 @@ Status CheckInstance(const InstanceProfile& p) {
   if (!p.cost.valid()) return InvalidArgument("profile: the cost model has no prefill or decode time");
   if (p.block_tokens <= 0 || p.max_batch_tokens <= 0 || p.kv_capacity_tokens < p.block_tokens ||
       p.prefix_cache_tokens < 0 || p.max_num_seqs < 0 || p.kv_bytes_per_token < 0 || p.layers <= 0 ||
-      p.link_bytes_per_s <= 0 || p.link_latency_s < 0) {
+      p.link_bytes_per_s <= 0 || p.link_latency_s < 0 || p.ttft_overhead_s < 0 ||
+      p.step_overhead_s < 0) {
     return InvalidArgument(
         "profile: block_tokens, max_batch_tokens, layers and link_bytes_per_s must be > 0, "
         "kv_capacity_tokens at least one block, the rest >= 0");
@@ -175,6 +176,8 @@ StatusOr<InstanceProfile> ParseProfile(const std::string& text) {
       Read(i, "layers", &p.layers);
       Read(i, "link_bytes_per_s", &p.link_bytes_per_s);
       Read(i, "link_latency_s", &p.link_latency_s);
+      Read(i, "ttft_overhead_s", &p.ttft_overhead_s);
+      Read(i, "step_overhead_s", &p.step_overhead_s);
     }
     Read(j, "description", &p.description);
   } catch (const json::exception& e) {

@@ -69,6 +69,12 @@ struct InstanceProfile {
   int layers = 1;                   // KV is pushed layer by layer
   double link_bytes_per_s = 1e9;    // per instance, outbound and inbound
   double link_latency_s = 0.0001;
+  // What the engine's step times leave out, measured end to end (bench/sim_validate.py
+  // calibrates both on an idle server): the first token reaches the client this much later
+  // (front door, tokenization, the hand-off's calls), and a decode step takes this much longer
+  // (sampling, streaming, the serving loop).
+  double ttft_overhead_s = 0;
+  double step_overhead_s = 0;
   std::string description;          // where the figures come from
 
   int64_t KvBlocks() const { return kv_capacity_tokens / block_tokens; }

@@ -527,7 +527,8 @@ class Simulation {
     const int64_t batch = static_cast<int64_t>(d.batch.size());
     int64_t context = 0;
     for (int i : d.batch) context += reqs_[i].load.prompt_tokens + reqs_[i].emitted;
-    double dt = batch > 0 ? c.DecodeStepSeconds(batch, context) : c.prefill_base_s;
+    double dt = batch > 0 ? c.DecodeStepSeconds(batch, context) + o_.profile.step_overhead_s
+                          : c.prefill_base_s;
     int64_t budget = std::max<int64_t>(0, o_.profile.max_batch_tokens - batch);
     d.step_chunks.clear();
     for (int i : d.local) {
@@ -597,7 +598,8 @@ class Simulation {
     const bool deadline_hit = r.emitted < r.load.max_tokens;
     RequestRecord& rec = r.rec;
     rec.output_tokens = r.emitted;
-    rec.ttft_s = r.first_token_at - r.in->arrival_s;
+    // The first token's delivery to the client (front door, relays) is not engine time.
+    rec.ttft_s = r.first_token_at - r.in->arrival_s + o_.profile.ttft_overhead_s;
     rec.e2e_s = now_ - r.in->arrival_s;
     rec.prefill = r.prefill_name;
     rec.decode = r.decode_name;

@@ -19,7 +19,9 @@
 //     finished ones for reuse (LRU).
 // The conductor's view of each instance is exact and immediate (no heartbeat delay); its cost
 // models are the engines' true ones (times `predicted_scale`), while the engines' step times
-// may carry noise. Block growth beyond the KV memory is counted (kv_overflow_blocks), not
+// may carry noise. The profile's ttft_overhead_s delays each first token's delivery and its
+// step_overhead_s lengthens every decode step (what an engine's step times leave out). Block
+// growth beyond the KV memory is counted (kv_overflow_blocks), not
 // preempted.
 //
 // Deterministic: the same workload and options give the same result.

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""The simulator's study of scheduling at scale (docs/simulation.md): `tandem simulate` over the
+Mooncake traces at full scale on simulated LLaMA3-70B-shaped nodes (profiles/), the conductor's
+own policies deciding.
+
+Experiments (--experiment, default all):
+  capacity  effective request capacity: the highest arrival rate (the trace's, sped up) at which
+            >= 90% of the requests meet TTFT <= 30 s and TBT <= 100 / 200 / 300 ms, for 16 nodes
+            disaggregated (the best of several prefill:decode splits) and 16 colocated nodes
+            (chunked prefill and prefix caching; the better of two chunk sizes).
+  policies  mean TTFT of the placement policies on the conversation trace (8P+8D, no admission
+            control, so every request is served and TTFTs compare like with like).
+  overload  admission none / early / predictive at twice the trace's speed on 8P+8D.
+  ratio     prefill:decode split at 16 nodes and a fixed rate.
+  scale     the full conversation trace on 16P+16D (wall time) and 1,000 instances on a
+            synthetic load (wall time, events per second).
+
+Writes Markdown tables (and, with matplotlib, PNG plots) under --out, and prints the tables.
+
+    python3 bench/simulation_study.py --out bench/out/simulation          # all, ~10 minutes
+    python3 bench/simulation_study.py --experiment policies --out bench/out/simulation
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, ".."))
+TRACES = {
+    "conversation": os.path.join(ROOT, "..", "shared", "data", "mooncake-traces", "conversation_trace.jsonl"),
+    "synthetic": os.path.join(ROOT, "..", "shared", "data", "mooncake-traces", "synthetic_trace.jsonl"),
+}
+PROFILES = {"A800": os.path.join(ROOT, "profiles", "llama3-70b-8xa800.json"),
+            "H200": os.path.join(ROOT, "profiles", "llama3-70b-8xh200.json")}
+EXPERIMENTS = ("capacity", "policies", "overload", "ratio", "scale")
+TTFT_SLO_MS = 30000
+
+
+def simulate(args, *flags):
+    """Summary (dict) of one `tandem simulate` run."""
+    cmd = [args.tandem, "simulate", "--json", *map(str, flags)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return json.loads(p.stdout)
+
+
+def trace_rate(path):
+    """Mean arrival rate of a trace (requests/s)."""
+    first = last = None
+    n = 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            t = json.loads(line)["timestamp"]
+            first = t if first is None else first
+            last = t
+            n += 1
+    return n / max(1e-9, (last - first) / 1000.0)
+
+
+def plt():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as p
+        return p
+    except ImportError:
+        return None
+
+
+def capacity(args, out):
+    splits = [(8, 8), (10, 6), (12, 4)] if not args.quick else [(10, 6)]
+    chunks = [512, 2048] if not args.quick else [2048]
+    speeds = [0.5, 1, 1.5, 2, 3, 4, 6, 8] if not args.quick else [1, 2, 4]
+    tbt_slos = [100, 200, 300]
+    lines = ["## Effective request capacity (16 nodes, TTFT <= 30 s)", "",
+             "Highest arrival rate (requests/s; the trace's own rate times the speed-up) at which at "
+             "least 90% of the requests meet both SLOs (rejected ones count as misses), among the "
+             f"speed-ups {', '.join(f'{s:g}x' for s in speeds)}. Disaggregated: the best of the "
+             f"prefill:decode splits {', '.join(f'{p}:{d}' for p, d in splits)}; colocated: the better "
+             f"of chunked-prefill chunks of {' and '.join(map(str, chunks))} tokens. Profile: "
+             "LLaMA3-70B-shaped model on 8x A800 nodes (profiles/llama3-70b-8xa800.json); placement "
+             "cache-load, admission predictive for both.", "",
+             "| trace | TBT SLO | disaggregated req/s (split) | colocated req/s (chunk) | "
+             "disaggregated / colocated |", "|---|---|---|---|---|"]
+    curves = {}
+    data = {}
+    for trace in ("conversation", "synthetic"):
+        base = trace_rate(TRACES[trace])
+        for tbt in tbt_slos:
+            best = {"disaggregated": (0, None), "colocated": (0, None)}
+            for kind, configs in (("disaggregated", [("--prefill", p, "--decode", d) for p, d in splits]),
+                                  ("colocated", [("--mixed", 16, "--max-batch-tokens", c) for c in chunks])):
+                for cfg in configs:
+                    label = f"{cfg[1]}:{cfg[3]}" if kind == "disaggregated" else f"{cfg[3]}"
+                    att = []
+                    for sp in speeds:
+                        s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES[trace],
+                                     "--speed", sp, "--slo-ttft-ms", TTFT_SLO_MS, "--slo-tbt-ms", tbt, *cfg)
+                        att.append(s["slo_attainment"])
+                    curves[(trace, tbt, kind, label)] = [(sp * base, a) for sp, a in zip(speeds, att)]
+                    cap = max([sp * base for sp, a in zip(speeds, att) if a >= 0.9], default=0)
+                    if cap > best[kind][0]:
+                        best[kind] = (cap, label)
+            d, c = best["disaggregated"], best["colocated"]
+            data[f"{trace}/{tbt}"] = {"disaggregated": d, "colocated": c}
+            ratio = f"{d[0] / c[0]:.2f}x" if c[0] else ("inf" if d[0] else "n/a")
+            lines.append(f"| {trace} | {tbt} ms | {d[0]:.2f} ({d[1]}) | {c[0]:.2f} ({c[1]}) | {ratio} |")
+            print(lines[-1], flush=True)
+    p = plt()
+    if p:
+        fig, axes = p.subplots(2, 3, figsize=(14, 7), sharey=True)
+        for ax, (trace, tbt) in zip(axes.flat, [(t, s) for t in ("conversation", "synthetic") for s in tbt_slos]):
+            for (tr, sl, kind, label), pts in sorted(curves.items()):
+                if tr == trace and sl == tbt:
+                    ax.plot([x for x, _ in pts], [100 * y for _, y in pts], marker="o",
+                            linestyle="-" if kind == "disaggregated" else "--",
+                            label=f"{kind} {label}")
+            ax.axhline(90, color="grey", linewidth=0.8)
+            ax.set_title(f"{trace}, TBT <= {tbt} ms")
+            ax.set_xlabel("requests/s")
+            ax.set_ylabel("SLO attainment %")
+        axes.flat[0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "capacity.png"), dpi=90)
+    return "\n".join(lines), data
+
+
+def policies(args, out):
+    speed = 2.0
+    lines = [f"## Placement policies (conversation trace at {speed:g}x, 8P+8D, admission none)", "",
+             "| policy | mean TTFT s | p90 TTFT s | prefix-cache hit share | TBT p90 ms |", "|---|---|---|---|---|"]
+    data = {}
+    for pol in ("random", "load-balance", "cache-aware", "cache-load"):
+        s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
+                     "--prefill", 8, "--decode", 8, "--admission", "none", "--placement-policy", pol)
+        data[pol] = s
+        lines.append(f"| {pol} | {s['ttft_ms']['mean'] / 1000:.2f} | {s['ttft_ms']['p90'] / 1000:.2f} | "
+                     f"{s['simulation']['prefix_cache_hit_share']:.3f} | {s['tbt_ms']['p90']:.0f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines), {k: {"ttft_mean_ms": v["ttft_ms"]["mean"]} for k, v in data.items()}
+
+
+def overload(args, out):
+    speed = 2.0
+    lines = [f"## Overload (conversation trace at {speed:g}x, 8P+8D, TTFT <= 30 s, TBT <= 100 ms)", "",
+             "| admission | rejected | completed | met both SLOs | SLO attainment | TTFT p90 s |",
+             "|---|---|---|---|---|---|"]
+    data = {}
+    for adm in ("none", "early", "predictive"):
+        s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
+                     "--prefill", 8, "--decode", 8, "--admission", adm, "--slo-ttft-ms", TTFT_SLO_MS,
+                     "--slo-tbt-ms", 100)
+        data[adm] = {"rejected": s["rejected"], "met": s["met_all_slos"], "completed": s["completed"]}
+        lines.append(f"| {adm} | {s['rejected']} | {s['completed']} | {s['met_all_slos']} | "
+                     f"{100 * s['slo_attainment']:.1f}% | {s['ttft_ms']['p90'] / 1000:.1f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines), data
+
+
+def ratio(args, out):
+    speed = 3.0
+    lines = [f"## Prefill:decode split (16 nodes, conversation trace at {speed:g}x, TTFT <= 30 s, "
+             "TBT <= 100 ms)", "", "| prefill:decode | SLO attainment | goodput req/s | TTFT p90 s | "
+             "TBT p90 ms | prefill busy | decode busy |", "|---|---|---|---|---|---|---|"]
+    data = {}
+    for p in (4, 6, 8, 10, 12, 14):
+        s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
+                     "--prefill", p, "--decode", 16 - p, "--slo-ttft-ms", TTFT_SLO_MS, "--slo-tbt-ms", 100)
+        u = s["simulation"]["utilisation"]
+        data[f"{p}:{16 - p}"] = s["slo_attainment"]
+        ttft90 = s["ttft_ms"]["p90"]
+        lines.append(f"| {p}:{16 - p} | {100 * s['slo_attainment']:.1f}% | {s['goodput_rps']:.2f} | "
+                     f"{'-' if ttft90 is None else f'{ttft90 / 1000:.1f}'} | "
+                     f"{'-' if s['tbt_ms']['p90'] is None else round(s['tbt_ms']['p90'])} | "
+                     f"{100 * u.get('prefill', 0):.0f}% | {100 * u.get('decode', 0):.0f}% |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines), data
+
+
+def scale(args, out):
+    lines = ["## Speed of the simulator (2 cores)", "", "| run | requests | instances | simulated s | "
+             "wall s | events | events/s |", "|---|---|---|---|---|---|---|"]
+    runs = [("conversation trace, 16P+16D, A800", ["--trace", TRACES["conversation"], "--prefill", 16,
+                                                    "--decode", 16], 32)]
+    n = 20000 if args.quick else 200000
+    runs.append((f"synthetic {n} requests at 200/s, 500P+500D, A800",
+                 ["--requests", n, "--rate", 200, "--input-tokens", 4096, "--output-tokens", 256,
+                  "--range", 0.5, "--prefill", 500, "--decode", 500], 1000))
+    data = {}
+    for name, flags, inst in runs:
+        t0 = time.time()
+        s = simulate(args, "--profile", PROFILES["A800"], *flags)
+        wall = time.time() - t0
+        ev = s["simulation"]["events"]
+        data[name] = {"wall_s": wall, "events": ev}
+        lines.append(f"| {name} | {s['requests']} | {inst} | {s['duration_s']:.0f} | {wall:.1f} | {ev} | "
+                     f"{ev / max(wall, 1e-9):.0f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines), data
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
+    ap.add_argument("--experiment", choices=EXPERIMENTS + ("all",), default="all")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "simulation"))
+    ap.add_argument("--quick", action="store_true", help="fewer points (a smoke run)")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    chosen = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
+    fns = {"capacity": capacity, "policies": policies, "overload": overload, "ratio": ratio, "scale": scale}
+    tables, data = [], {}
+    for name in chosen:
+        table, d = fns[name](args, args.out)
+        tables.append(table)
+        data[name] = d
+        with open(os.path.join(args.out, f"{name}.md"), "w") as f:
+            f.write(table + "\n")
+    with open(os.path.join(args.out, "study.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    print("\n\n".join(tables))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
