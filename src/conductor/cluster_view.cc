@@ -11,8 +11,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // them, or shows they were evicted).
 constexpr auto kPlacedKeyLifetime = std::chrono::seconds(10);
 
-// Predictions shorter than this do not correct a worker's scale (seconds).
-constexpr double kMinLearnedTtftS = 0.5;
+// Prefill predictions shorter than this do not correct a worker's scale (seconds).
+constexpr double kMinLearnedPrefillS = 0.1;
 
 // A slow moving average of measured / unscaled-predicted ratios, kept within [1/2, 3].
 double UpdateScale(double scale, double ratio) {
@@ -235,12 +235,13 @@ void ClusterView::PrefillDone(const RequestLoad& r, const std::string& prefill,
   }
 }
 
-void ClusterView::TtftMeasured(const std::string& worker, double predicted_s, double measured_s) {
+void ClusterView::PrefillMeasured(const std::string& worker, int64_t new_tokens,
+                                  int64_t cached_tokens, double measured_s) {
   Worker* w = Find(worker);
-  // Short prefills measure mostly fixed costs (round trips, the decode worker's step the
-  // reservation waits for), not the worker's speed: they would pull the scale up for all.
-  if (w == nullptr || predicted_s < kMinLearnedTtftS || measured_s <= 0) return;
-  w->prefill_scale = UpdateScale(w->prefill_scale, measured_s / (predicted_s / w->prefill_scale));
+  if (w == nullptr || !w->info.cost.valid() || measured_s <= 0) return;
+  const double predicted = w->info.cost.PrefillSeconds(new_tokens, cached_tokens);
+  if (predicted < kMinLearnedPrefillS) return;
+  w->prefill_scale = UpdateScale(w->prefill_scale, measured_s / predicted);
 }
 
 void ClusterView::DecodeMeasured(const std::string& decode, double predicted_tbt_s,

@@ -113,10 +113,14 @@ class ClusterView {
   // The prompt's KV is on the decode worker now (its prefix cache will hold it).
   void PrefillDone(const RequestLoad& r, const std::string& prefill, const std::string& decode,
                    double transfer_s, Clock::time_point now);
-  // A request's TTFT (from placement, without the KV transfer) against its prediction, for the
-  // worker that computed its prompt: corrects that worker's prefill predictions (predictions
-  // under 0.5 s are ignored: fixed costs dominate them).
-  void TtftMeasured(const std::string& worker, double predicted_s, double measured_s);
+  // A prefill `worker` computed: `new_tokens` after `cached_tokens` from its prefix cache, in
+  // `measured_s` of engine time (the worker's own figure, without queueing or transfer).
+  // Corrects the worker's prefill predictions by measured / its cost model's prediction for
+  // the same work (predictions under 0.1 s are ignored: fixed costs dominate them). Learning
+  // from the TTFT instead would feed back: the TTFT includes the time held in the conductor's
+  // queue, which the scale itself lengthens.
+  void PrefillMeasured(const std::string& worker, int64_t new_tokens, int64_t cached_tokens,
+                       double measured_s);
   // A request's mean time between tokens on `decode` against the prediction.
   void DecodeMeasured(const std::string& decode, double predicted_tbt_s, double measured_tbt_s);
   void TokenEmitted(uint64_t seq, const std::string& decode);

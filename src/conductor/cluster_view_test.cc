@@ -34,5 +34,25 @@ TEST(ClusterView, QueueDrainsFromTheEndOfThePreviousPrefill) {
   EXPECT_NEAR(ClusterView::QueueSeconds(w, At(2.0)), 0.0, 1e-9);
 }
 
+
+// The prefill scale follows measured compute time against the cost model for the same work:
+// a worker twice as slow as its profile converges to 2; short prefills (fixed costs) and
+// unknown workers change nothing.
+TEST(ClusterView, PrefillScaleLearnsFromComputeTime) {
+  ClusterView view;
+  ClusterView::Worker& w = view.workers()["p"];
+  w.info.cost.prefill_per_token_s = 0.001;
+  w.info.cost.decode_base_s = 0.01;
+  for (int i = 0; i < 100; ++i) view.PrefillMeasured("p", 1000, 0, 2.0);  // predicted 1 s
+  EXPECT_NEAR(w.prefill_scale, 2.0, 0.01);
+  view.PrefillMeasured("p", 10, 0, 5.0);  // predicted 10 ms: ignored
+  EXPECT_NEAR(w.prefill_scale, 2.0, 0.01);
+  // The cached part is not recomputed: 500 new tokens after 500 cached are 0.5 s of work.
+  for (int i = 0; i < 100; ++i) view.PrefillMeasured("p", 500, 500, 0.5);
+  EXPECT_NEAR(w.prefill_scale, 1.0, 0.01);
+  view.PrefillMeasured("nobody", 1000, 0, 1.0);
+  EXPECT_EQ(view.Find("nobody"), nullptr);
+}
+
 }  // namespace
 }  // namespace tandem::conductor

@@ -631,9 +631,11 @@ class ConductorImpl final : public Conductor {
       std::lock_guard<std::mutex> lock(mu_);
       expected_output_ = 0.9 * expected_output_ + 0.1 * info.completion_tokens;
       if (tbt > 0) view_.DecodeMeasured(run->decode, run->predicted_tbt_s, tbt);
-      const double transfer = run->prefill_result && !local ? run->prefill_result->transfer_seconds : 0;
-      view_.TtftMeasured(local ? run->decode : run->prefill, run->predicted_ttft_s - transfer,
-                         ttft_from_placement - transfer);
+      if (run->prefill_result && !local) {
+        const int cached = run->prefill_result->cached_tokens;
+        view_.PrefillMeasured(run->prefill, run->load.prompt_tokens - cached, cached,
+                              run->prefill_result->prefill_seconds);
+      }
     }
     run->sink->OnFinish(info);
   }

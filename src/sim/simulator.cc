@@ -97,7 +97,7 @@ struct Req {
   int64_t reserved_blocks = 0;       // on the decode instance
   int64_t decode_hit_tokens = 0;     // prompt tokens its decode instance held already
   int64_t local_done = 0;            // local prefill: prompt tokens computed so far
-  double prefill_started = 0, transfer_s = 0;
+  double prefill_started = 0, prefill_compute_s = 0, transfer_s = 0;
   double first_token_at = -1, last_token_at = 0;
   int emitted = 0;
   std::vector<float> gaps;
@@ -459,6 +459,7 @@ class Simulation {
       const double dt = o_.profile.cost.PrefillSeconds(n_new, cached) * Noise();
       r.rec.cached_tokens = static_cast<int>(cached);
       r.prefill_started = now_;
+      r.prefill_compute_s = dt;
       p.rec.prefill_tokens += n_new;
       p.rec.cached_tokens += cached;
       p.rec.steps++;
@@ -628,9 +629,10 @@ class Simulation {
     // The conductor learns from what it measured (conductor.cc's Finish).
     expected_output_ = 0.9 * expected_output_ + 0.1 * r.emitted;
     if (rec.mean_gap_s > 0) view_.DecodeMeasured(r.decode_name, r.placement.predicted_tbt_s, rec.mean_gap_s);
-    const double from_placement = r.first_token_at - r.committed_at;
-    view_.TtftMeasured(r.prefill < 0 ? r.decode_name : r.prefill_name,
-                       r.placement.predicted_ttft_s - r.transfer_s, from_placement - r.transfer_s);
+    if (r.prefill >= 0) {
+      view_.PrefillMeasured(r.prefill_name, r.load.prompt_tokens - r.rec.cached_tokens,
+                            r.rec.cached_tokens, r.prefill_compute_s);
+    }
     view_.Release(r.load.seq, r.decode_name, r.prefill_name);
     FreeReservation(r);
     retry_pending_ = true;

@@ -10,6 +10,10 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// kCacheAware: requests in flight a prefill worker may have beyond the least loaded one and
+// still be chosen for the prefix it holds.
+constexpr int kCacheAffinitySlack = 2;
+
 // Lower is better: fewer requests in flight, more free KV, then the name (deterministic).
 auto LoadKey(const WorkerSnapshot& w) {
   return std::make_tuple(w.inflight, -w.kv_free_blocks, w.name);
@@ -141,10 +145,17 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
       case PlacementPolicy::kCacheAware:
       case PlacementPolicy::kCacheLoad: {
         // kCacheLoad: minimum predicted TTFT; without cost models (or kCacheAware) the longest
-        // cached prefix, then load.
+        // cached prefix, then load. kCacheAware bounds affinity by load: a worker with more
+        // than kCacheAffinitySlack requests in flight beyond the least loaded one is not chosen
+        // for its cache (pure affinity sends every prompt that shares a system prompt to the
+        // first worker that computed it).
+        int least_inflight = workers[prefillers[0]].inflight;
+        for (int i : prefillers) least_inflight = std::min(least_inflight, workers[i].inflight);
+        const int max_inflight = least_inflight + kCacheAffinitySlack;
         auto key = [&](int i) {
           const double ttft = predict ? PredictRemoteTtft(workers[i], r) : 0.0;
-          return std::make_tuple(ttft, -workers[i].cached_prompt_tokens, LoadKey(workers[i]));
+          const bool too_busy = !predict && workers[i].inflight > max_inflight;
+          return std::make_tuple(too_busy, ttft, -workers[i].cached_prompt_tokens, LoadKey(workers[i]));
         };
         for (int i : prefillers) {
           if (key(i) < key(best)) best = i;

@@ -36,7 +36,8 @@ enum class WorkerRole { kPrefill, kDecode, kMixed };
 enum class PlacementPolicy {
   kRandom,       // any healthy worker, uniformly
   kLoadBalance,  // fewest requests in flight (no cache, no cost model)
-  kCacheAware,   // the prefill worker holding the longest prefix; ties by load
+  kCacheAware,   // the prefill worker holding the longest prefix among those with at most 2
+                 // requests in flight more than the least loaded; ties by load
   kCacheLoad,    // minimum predicted TTFT (cache and load), SLO-aware decode (default)
 };
 const char* PlacementPolicyName(PlacementPolicy p);  // "random", "load-balance", ...

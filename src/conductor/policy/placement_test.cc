@@ -79,8 +79,14 @@ TEST(PlacementTest, CacheLoadLeavesABusyHolderForAnIdleWorker) {
   w[1].prefill_queue_s = 2.0;  // holder busy: 2.2 s there against 1.0 s recomputing on p0
   const Placement p = Place(w, Prompt(1000), Opts());
   EXPECT_EQ(p.prefill, 0);
-  // Cache-aware alone goes to the holder regardless of its queue.
+  // Cache-aware alone goes to the holder regardless of its predicted queue, until it has more
+  // than 2 requests in flight beyond the least loaded worker.
   EXPECT_EQ(Place(w, Prompt(1000), Opts(PlacementPolicy::kCacheAware)).prefill, 1);
+  w[1].inflight = 2;
+  EXPECT_EQ(Place(w, Prompt(1000), Opts(PlacementPolicy::kCacheAware)).prefill, 1);
+  w[1].inflight = 3;
+  EXPECT_EQ(Place(w, Prompt(1000), Opts(PlacementPolicy::kCacheAware)).prefill, 0);
+  w[1].inflight = 0;
   // Load balance ignores the cache: fewest in flight, then name.
   w[0].inflight = 3;
   EXPECT_EQ(Place(w, Prompt(1000), Opts(PlacementPolicy::kLoadBalance)).prefill, 1);
