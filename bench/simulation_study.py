@@ -4,12 +4,14 @@ Mooncake traces at full scale on simulated LLaMA3-70B-shaped nodes (profiles/), 
 own policies deciding.
 
 Experiments (--experiment, default all):
-  capacity  effective request capacity: the highest arrival rate (the trace's, sped up) at which
-            >= 90% of the requests meet TTFT <= 30 s and TBT <= 100 / 200 / 300 ms, for 16 nodes
+  capacity  effective request capacity: the highest arrival rate (the trace's, sped up; found by
+            bisection) at which >= 90% of the requests meet TTFT <= 30 s and TBT <= 100 / 200 /
+            300 ms, for 16 nodes
             disaggregated (the best of several prefill:decode splits) and 16 colocated nodes
             (chunked prefill and prefix caching; the better of two chunk sizes).
-  policies  mean TTFT of the placement policies on the conversation trace (8P+8D, no admission
-            control, so every request is served and TTFTs compare like with like).
+  policies  mean TTFT of the placement policies on the conversation trace at its own rate (8P+8D,
+            no admission control, so every request is served and TTFTs compare like with like;
+            no local prefill, so that only the prefill placement differs).
   overload  admission none / early / predictive at twice the trace's speed on 8P+8D.
   ratio     prefill:decode split at 16 nodes and a fixed rate.
   scale     the full conversation trace on 16P+16D (wall time) and 1,000 instances on a
@@ -73,40 +75,72 @@ def plt():
         return None
 
 
+def max_speed(attainment_at, lo=0.125, hi=32.0, steps=6, target=0.9):
+    """The highest speed-up in [lo, hi] at which attainment_at(speed) >= target (attainment
+    falls as the rate rises): doubling from lo to find the bracket, then `steps` bisections on
+    a log scale. Returns (speed or 0, {speed: attainment})."""
+    seen = {}
+
+    def att(sp):
+        if sp not in seen:
+            seen[sp] = attainment_at(sp)
+        return seen[sp]
+
+    if att(lo) < target:
+        return 0.0, seen
+    good, bad = lo, None
+    sp = lo * 2
+    while sp <= hi:
+        if att(sp) >= target:
+            good = sp
+        else:
+            bad = sp
+            break
+        sp *= 2
+    if bad is None:
+        return good, seen
+    for _ in range(steps):
+        mid = (good * bad) ** 0.5
+        if att(mid) >= target:
+            good = mid
+        else:
+            bad = mid
+    return good, seen
+
+
 def capacity(args, out):
     splits = [(8, 8), (10, 6), (12, 4)] if not args.quick else [(10, 6)]
-    chunks = [512, 2048] if not args.quick else [2048]
-    speeds = [0.5, 1, 1.5, 2, 3, 4, 6, 8] if not args.quick else [1, 2, 4]
+    chunks = [512, 2048] if not args.quick else [512]
     tbt_slos = [100, 200, 300]
     lines = ["## Effective request capacity (16 nodes, TTFT <= 30 s)", "",
-             "Highest arrival rate (requests/s; the trace's own rate times the speed-up) at which at "
-             "least 90% of the requests meet both SLOs (rejected ones count as misses), among the "
-             f"speed-ups {', '.join(f'{s:g}x' for s in speeds)}. Disaggregated: the best of the "
-             f"prefill:decode splits {', '.join(f'{p}:{d}' for p, d in splits)}; colocated: the better "
-             f"of chunked-prefill chunks of {' and '.join(map(str, chunks))} tokens. Profile: "
-             "LLaMA3-70B-shaped model on 8x A800 nodes (profiles/llama3-70b-8xa800.json); placement "
-             "cache-load, admission predictive for both.", "",
+             "Highest arrival rate (requests/s: the trace's own rate times a speed-up found by "
+             "bisection) at which at least 90% of the requests meet both SLOs (rejected ones count as "
+             "misses). Disaggregated: the best of the prefill:decode splits "
+             f"{', '.join(f'{p}:{d}' for p, d in splits)}; colocated: the better of chunked-prefill "
+             f"chunks of {' and '.join(map(str, chunks))} tokens. Profile: LLaMA3-70B-shaped model on "
+             "8x A800 nodes (profiles/llama3-70b-8xa800.json); placement cache-load, admission "
+             "predictive for both.", "",
              "| trace | TBT SLO | disaggregated req/s (split) | colocated req/s (chunk) | "
              "disaggregated / colocated |", "|---|---|---|---|---|"]
-    curves = {}
-    data = {}
+    curves, data = {}, {}
     for trace in ("conversation", "synthetic"):
         base = trace_rate(TRACES[trace])
         for tbt in tbt_slos:
-            best = {"disaggregated": (0, None), "colocated": (0, None)}
+            best = {"disaggregated": (0.0, None), "colocated": (0.0, None)}
             for kind, configs in (("disaggregated", [("--prefill", p, "--decode", d) for p, d in splits]),
                                   ("colocated", [("--mixed", 16, "--max-batch-tokens", c) for c in chunks])):
                 for cfg in configs:
-                    label = f"{cfg[1]}:{cfg[3]}" if kind == "disaggregated" else f"{cfg[3]}"
-                    att = []
-                    for sp in speeds:
-                        s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES[trace],
-                                     "--speed", sp, "--slo-ttft-ms", TTFT_SLO_MS, "--slo-tbt-ms", tbt, *cfg)
-                        att.append(s["slo_attainment"])
-                    curves[(trace, tbt, kind, label)] = [(sp * base, a) for sp, a in zip(speeds, att)]
-                    cap = max([sp * base for sp, a in zip(speeds, att) if a >= 0.9], default=0)
-                    if cap > best[kind][0]:
-                        best[kind] = (cap, label)
+                    label = f"{cfg[1]}:{cfg[3]}" if kind == "disaggregated" else f"chunk {cfg[3]}"
+
+                    def attainment_at(sp, cfg=cfg):
+                        return simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES[trace],
+                                        "--speed", sp, "--slo-ttft-ms", TTFT_SLO_MS, "--slo-tbt-ms", tbt,
+                                        *cfg)["slo_attainment"]
+
+                    sp, seen = max_speed(attainment_at)
+                    curves[(trace, tbt, kind, label)] = sorted((k * base, v) for k, v in seen.items())
+                    if sp * base > best[kind][0]:
+                        best[kind] = (sp * base, label)
             d, c = best["disaggregated"], best["colocated"]
             data[f"{trace}/{tbt}"] = {"disaggregated": d, "colocated": c}
             ratio = f"{d[0] / c[0]:.2f}x" if c[0] else ("inf" if d[0] else "n/a")
@@ -119,26 +153,30 @@ def capacity(args, out):
             for (tr, sl, kind, label), pts in sorted(curves.items()):
                 if tr == trace and sl == tbt:
                     ax.plot([x for x, _ in pts], [100 * y for _, y in pts], marker="o",
-                            linestyle="-" if kind == "disaggregated" else "--",
-                            label=f"{kind} {label}")
+                            linestyle="-" if kind == "disaggregated" else "--", label=f"{kind} {label}")
             ax.axhline(90, color="grey", linewidth=0.8)
+            ax.set_xscale("log")
             ax.set_title(f"{trace}, TBT <= {tbt} ms")
             ax.set_xlabel("requests/s")
             ax.set_ylabel("SLO attainment %")
         axes.flat[0].legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(os.path.join(out, "capacity.png"), dpi=90)
-    return "\n".join(lines), data
+        fig.savefig(os.path.join(out, "capacity.png"), dpi=80)
+    return "\n".join(lines), {k: {m: list(v) for m, v in d.items()} for k, d in data.items()}
 
 
 def policies(args, out):
-    speed = 2.0
-    lines = [f"## Placement policies (conversation trace at {speed:g}x, 8P+8D, admission none)", "",
+    speed = 1.0
+    lines = [f"## Placement policies (conversation trace at {speed:g}x, 8P+8D, admission none, no "
+             "local prefill; last row: cache-load with conditional disaggregation)", "",
              "| policy | mean TTFT s | p90 TTFT s | prefix-cache hit share | TBT p90 ms |", "|---|---|---|---|---|"]
     data = {}
-    for pol in ("random", "load-balance", "cache-aware", "cache-load"):
+    for pol, extra in (("random", ["--no-local-prefill"]), ("load-balance", ["--no-local-prefill"]),
+                       ("cache-aware", ["--no-local-prefill"]), ("cache-load", ["--no-local-prefill"]),
+                       ("cache-load + local prefill", [])):
         s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
-                     "--prefill", 8, "--decode", 8, "--admission", "none", "--placement-policy", pol)
+                     "--prefill", 8, "--decode", 8, "--admission", "none", "--placement-policy",
+                     pol.split()[0], *extra)
         data[pol] = s
         lines.append(f"| {pol} | {s['ttft_ms']['mean'] / 1000:.2f} | {s['ttft_ms']['p90'] / 1000:.2f} | "
                      f"{s['simulation']['prefix_cache_hit_share']:.3f} | {s['tbt_ms']['p90']:.0f} |")
@@ -188,7 +226,7 @@ def scale(args, out):
              "wall s | events | events/s |", "|---|---|---|---|---|---|---|"]
     runs = [("conversation trace, 16P+16D, A800", ["--trace", TRACES["conversation"], "--prefill", 16,
                                                     "--decode", 16], 32)]
-    n = 20000 if args.quick else 200000
+    n = 5000 if args.quick else 20000
     runs.append((f"synthetic {n} requests at 200/s, 500P+500D, A800",
                  ["--requests", n, "--rate", 200, "--input-tokens", 4096, "--output-tokens", 256,
                   "--range", 0.5, "--prefill", 500, "--decode", 500], 1000))

@@ -263,8 +263,11 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
       const int64_t others = batch - 1;
       const int64_t chunk = std::max<int64_t>(1, d.max_batch_tokens - others);
       const int64_t n_new = r.prompt_tokens - p.decode_cached_tokens;
+      // Prompts already queued there fill every step's chunk: then this one's steps carry a
+      // whole chunk, not only its own tokens.
+      const int64_t tokens = d.prefill_queue_s > 0 ? chunk : std::min(chunk, n_new);
       const double step = (others > 0 ? d.cost.DecodeStepSeconds(others, context) : 0) +
-                          d.cost.PrefillSeconds(std::min(chunk, n_new), p.decode_cached_tokens);
+                          d.cost.PrefillSeconds(tokens, p.decode_cached_tokens);
       keeps_tbt = step <= r.slo_tbt_s;
     }
     if (local_ttft <= o.local_prefill_gain * remote_ttft && keeps_tbt) p.local = true;

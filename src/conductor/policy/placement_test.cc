@@ -201,6 +201,15 @@ TEST(PlacementTest, ConditionalDisaggregationComputesShortPromptsLocally) {
   w[0].prefill_queue_s = 0;
   p = Place(w, r, Opts());
   EXPECT_FALSE(p.local);
+  // A short prompt behind prompts already queued on the decode worker: its steps carry whole
+  // chunks (252 tokens: 0.25 s with the batch of 4), past the TBT SLO, so it stays remote.
+  w[0].prefill_queue_s = 2.0;
+  w[1].prefill_queue_s = 0.3;
+  r = Prompt(40);
+  r.slo_tbt_s = 0.100;
+  EXPECT_FALSE(Place(w, r, Opts()).local);
+  w[1].prefill_queue_s = 0;
+  EXPECT_TRUE(Place(w, r, Opts()).local);
   // Disabled: never local while a prefill worker is up.
   PlacementOptions o = Opts();
   o.allow_local_prefill = false;
