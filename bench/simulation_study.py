@@ -109,7 +109,7 @@ def max_speed(attainment_at, lo=0.125, hi=32.0, steps=6, target=0.9):
 
 
 def capacity(args, out):
-    splits = [(8, 8), (10, 6), (12, 4)] if not args.quick else [(10, 6)]
+    splits = [(8, 8), (10, 6), (12, 4), (14, 2)] if not args.quick else [(10, 6)]
     chunks = [512, 2048] if not args.quick else [512]
     tbt_slos = [100, 200, 300]
     lines = ["## Effective request capacity (16 nodes, TTFT <= 30 s)", "",

@@ -77,7 +77,10 @@ json Record(const RequestRecord& r, double slo_ttft_s, double slo_tbt_s) {
             {"local", r.local},
             {"waited_for_kv", r.waited_for_kv},
             {"predicted_ttft_ms", r.predicted_ttft_s * 1000.0},
-            {"predicted_tbt_ms", r.predicted_tbt_s * 1000.0}};
+            {"predicted_tbt_ms", r.predicted_tbt_s * 1000.0},
+            {"ttft_breakdown_ms", {{"kv_wait", r.kv_wait_s * 1000.0}, {"hold", r.hold_s * 1000.0},
+                                   {"queue", r.queue_s * 1000.0}, {"prefill", r.prefill_s * 1000.0},
+                                   {"transfer", r.transfer_s * 1000.0}}}};
   json gaps = json::array();
   for (float g : r.gaps_s) gaps.push_back(g * 1000.0);
   j["itl_ms"] = std::move(gaps);

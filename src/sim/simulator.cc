@@ -8,6 +8,7 @@
 #include <memory>
 #include <queue>
 #include <random>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -97,7 +98,7 @@ struct Req {
   int64_t reserved_blocks = 0;       // on the decode instance
   int64_t decode_hit_tokens = 0;     // prompt tokens its decode instance held already
   int64_t local_done = 0;            // local prefill: prompt tokens computed so far
-  double prefill_started = 0, prefill_compute_s = 0, transfer_s = 0;
+  double dispatched_at = 0, prefill_started = 0, prefill_compute_s = 0, transfer_s = 0;
   double first_token_at = -1, last_token_at = 0;
   int emitted = 0;
   std::vector<float> gaps;
@@ -197,10 +198,7 @@ class Simulation {
       }
       // KV room freed during the event: waiters try again once the event is done (never from
       // inside an instance's handler).
-      if (retry_pending_) {
-        retry_pending_ = false;
-        RetryKvWaiters();
-      }
+      if (!freed_.empty()) RetryKvWaiters();
     }
     result_.duration_s = std::max(0.0, now_ - start_);
     result_.utilisation_interval_s = o_.utilisation_interval_s;
@@ -328,14 +326,39 @@ class Simulation {
     Fail(r, 504, "kv_wait_deadline");
   }
 
-  // KV room appeared: the oldest waiters try again (a few per event, as the conductor's
-  // waiting threads wake in turn).
+  // KV room appeared on the instances in freed_: every waiter tries again, as the conductor's
+  // waiting threads all wake and place themselves again. Only a waiter that one of those
+  // instances could now hold (what it lacks there fits its free blocks) runs the policy:
+  // nothing else changed since it last failed.
   void RetryKvWaiters() {
-    constexpr int kTriesPerEvent = 8;
-    int tries = 0;
-    for (auto it = kv_waiting_.begin(); it != kv_waiting_.end() && tries < kTriesPerEvent; ++tries) {
+    std::vector<const Instance*> freed;
+    for (int k : freed_) freed.push_back(instances_[k].get());
+    freed_.clear();
+    // Those waiting now, once each: one that fails again (its reservation refused) is back at
+    // the end of the list for the next time.
+    size_t left = kv_waiting_.size();
+    for (auto it = kv_waiting_.begin(); it != kv_waiting_.end() && left > 0; --left) {
       const int i = *it;
       Req& r = reqs_[i];
+      bool may_fit = false;
+      for (const Instance* d : freed) {
+        const int64_t max_hit = std::max(0, r.load.prompt_tokens - 1) / bt_;
+        int64_t hit = 0;
+        while (hit < max_hit && hit < static_cast<int64_t>(r.load.keys.size()) &&
+               d->view->reported_keys.count(r.load.keys[hit])) {
+          ++hit;
+        }
+        const int need = conductor::DecodeBlocksNeeded(r.load.prompt_tokens,
+                                                       static_cast<int>(hit * bt_), bt_);
+        if (need <= ClusterView::FreeBlocks(*d->view)) {
+          may_fit = true;
+          break;
+        }
+      }
+      if (!may_fit) {
+        ++it;
+        continue;
+      }
       std::string decode, prefill;
       const Placement p = PlaceNow(r, AdmissionPolicy::kNone, &decode, &prefill);
       if (p.outcome == Placement::Outcome::kWait) {
@@ -384,6 +407,7 @@ class Simulation {
       return;
     }
     r.dispatched = true;
+    r.dispatched_at = now_;
     // The reservation is in the instance's figures at once: the promise is kept.
     d.view->promises.erase(r.load.seq);
     if (r.prefill < 0) {
@@ -432,6 +456,7 @@ class Simulation {
     Instance& d = *instances_[r.decode];
     d.used_blocks -= r.reserved_blocks;
     r.reserved_blocks = 0;
+    freed_.insert(r.decode);  // waiters try again after this event
     // The prompt's full blocks stay cached, evictable.
     const int64_t full = std::min<int64_t>(r.load.prompt_tokens / bt_, r.load.keys.size());
     for (int64_t b = 0; b < full; ++b) d.cache->Insert(r.load.keys[b]);
@@ -450,7 +475,6 @@ class Simulation {
         view_.Release(r.load.seq, r.decode_name, r.prefill_name);
         FreeReservation(r);
         Fail(r, 504, "deadline");
-        retry_pending_ = true;
         continue;
       }
       const int64_t max_hit = std::max(0, r.load.prompt_tokens - 1) / bt_;
@@ -605,6 +629,15 @@ class Simulation {
     rec.prefill = r.prefill_name;
     rec.decode = r.decode_name;
     rec.predicted_tbt_s = r.placement.predicted_tbt_s;
+    rec.kv_wait_s = r.committed_at - r.in->arrival_s;
+    rec.hold_s = r.dispatched_at - r.committed_at;
+    if (r.prefill >= 0) {
+      rec.queue_s = r.prefill_started - r.dispatched_at;
+      rec.prefill_s = r.prefill_compute_s;
+      rec.transfer_s = r.transfer_s;
+    } else {
+      rec.prefill_s = r.first_token_at - r.dispatched_at;  // chunks in the decode steps
+    }
     // Predicted from its (last) placement, counted here from its arrival.
     rec.predicted_ttft_s = r.placement.predicted_ttft_s + (r.committed_at - r.in->arrival_s);
     if (!r.gaps.empty()) {
@@ -635,7 +668,6 @@ class Simulation {
     }
     view_.Release(r.load.seq, r.decode_name, r.prefill_name);
     FreeReservation(r);
-    retry_pending_ = true;
   }
 
   const SimOptions& o_;
@@ -650,7 +682,7 @@ class Simulation {
   uint64_t order_ = 0;
   double now_ = 0, start_ = 0;
   double expected_output_ = 64;
-  bool retry_pending_ = false;  // KV room was freed: RetryKvWaiters after the event
+  std::set<int> freed_;  // decode instances whose KV room grew in this event
   std::mt19937_64 rng_;
   std::normal_distribution<double> noise_;
   SimResult result_;

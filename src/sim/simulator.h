@@ -73,6 +73,10 @@ struct RequestRecord {
   bool local = false;
   bool waited_for_kv = false;
   double predicted_ttft_s = 0, predicted_tbt_s = 0;
+  // What its TTFT is made of (seconds): waiting for decode KV room before its last placement,
+  // held by the conductor until its prefill turn, queued on the prefill instance, computing,
+  // and the KV transfer's tail.
+  double kv_wait_s = 0, hold_s = 0, queue_s = 0, prefill_s = 0, transfer_s = 0;
   std::vector<float> gaps_s;       // with keep_gaps
 };
 

@@ -221,7 +221,7 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
         tbt_met = r.slo_tbt_s <= 0 || tbt_of(decode) <= r.slo_tbt_s;
         break;
       }
-      if (r.slo_tbt_s > 0) {
+      if (r.slo_tbt_s > 0 && o.pack_decode) {
         // Pack: the busiest worker that still meets the TBT SLO.
         int packed = -1;
         for (int i : decoders) {

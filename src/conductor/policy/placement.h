@@ -7,9 +7,9 @@
 //     prompt p does not hold in its prefix cache + KV transfer tail;
 //   - the prefill worker with the lowest predicted TTFT wins (a worker that holds a longer
 //     prefix but is busy loses to an idle one that recomputes it);
-//   - the decode worker: among those with KV room whose predicted step time with this request
-//     joined meets the TBT SLO, the busiest (pack, so that idle ones can be released), or the
-//     least loaded when no TBT SLO is set;
+//   - the decode worker: among those with KV room, the lowest predicted step time with this
+//     request joined (or, with pack_decode, the busiest that still meets the TBT SLO, so that
+//     idle ones can be released by a planner);
 //   - with no prefill workers (colocated, mixed workers only) the decode worker is the one
 //     with the lowest predicted TTFT among those that keep the TBT SLO;
 //   - conditional disaggregation: if computing the prompt on the chosen decode worker itself
@@ -89,6 +89,11 @@ struct PlacementOptions {
   // Local only when its predicted TTFT is at most this fraction of the remote one: a decode
   // worker's time is its batch's, so a gain of a few milliseconds (the transfer) is not worth it.
   double local_prefill_gain = 0.8;
+  // Pack decode work onto the busiest worker that meets the TBT SLO (for a planner that releases
+  // idle workers). Off by default: with a fixed pool packing only concentrates KV, and the
+  // reservations that no longer fit there come back as waits (the simulator measured twice
+  // the KV waits, and the TTFT misses they cause, at a 200 ms TBT SLO).
+  bool pack_decode = false;
   uint64_t random_draw = 0;         // kRandom: the caller's random number
 };
 

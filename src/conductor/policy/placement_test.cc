@@ -156,16 +156,19 @@ TEST(PlacementTest, PredictiveAdmissionLooksAtTheBatchWhenThePrefillEnds) {
   EXPECT_EQ(Place(w, r, o).outcome, Placement::Outcome::kReject);
 }
 
-TEST(PlacementTest, DecodePacksWithinTheTbtSloAndSpreadsWithout) {
+TEST(PlacementTest, DecodeSpreadsOrPacksWithinTheTbtSlo) {
   std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode),
                                    Worker("d1", WorkerRole::kDecode)};
   w[1].decoding.resize(5, DecodeSequence{100, 0, 100});
   RequestShape r = Prompt(100);
   EXPECT_EQ(Place(w, r, Opts()).decode, 2);  // no SLO: the emptier one
   r.slo_tbt_s = 0.050;
-  EXPECT_EQ(Place(w, r, Opts()).decode, 1);  // both meet 50 ms: pack onto the busier
+  EXPECT_EQ(Place(w, r, Opts()).decode, 2);  // by default the lowest predicted TBT
+  PlacementOptions pack = Opts();
+  pack.pack_decode = true;
+  EXPECT_EQ(Place(w, r, pack).decode, 1);    // both meet 50 ms: pack onto the busier
   w[1].decoding.resize(45, DecodeSequence{100, 0, 100});
-  EXPECT_EQ(Place(w, r, Opts()).decode, 2);  // d0 would break it
+  EXPECT_EQ(Place(w, r, pack).decode, 2);    // d0 would break it
 }
 
 TEST(PlacementTest, LocalPrefillWorkQueuedOnADecoderStretchesItsTbt) {
