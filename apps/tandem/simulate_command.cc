@@ -79,6 +79,8 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
   cmd->add_option("--out", f.out, "Write results.json, summary.json, summary.md, utilisation.json here");
   cmd->add_flag("--keep-gaps", f.keep_gaps, "Keep every request's token gaps in results.json");
   cmd->add_flag("--json", f.json, "Print the summary as JSON");
+  cmd->add_flag("--show-profile", f.show_profile, "Print the profile as the simulator uses it "
+                "(a roofline's derived cost model, KV capacity, ...) and exit");
   return cmd;
 }
 
@@ -90,6 +92,20 @@ int RunSimulate(const SimulateFlags& flags) {
   if (!profile.ok()) {
     std::fprintf(stderr, "error: %s\n", profile.status().ToString().c_str());
     return 2;
+  }
+  if (f.show_profile) {
+    const sim::InstanceProfile& p = *profile;
+    const nlohmann::json j = {
+        {"description", p.description},
+        {"cost", nlohmann::json::parse(p.cost.ToJson())},
+        {"kv_capacity_tokens", p.kv_capacity_tokens}, {"block_tokens", p.block_tokens},
+        {"max_batch_tokens", p.max_batch_tokens}, {"max_num_seqs", p.max_num_seqs},
+        {"prefix_cache_tokens", p.prefix_cache_tokens},
+        {"kv_bytes_per_token", p.kv_bytes_per_token}, {"layers", p.layers},
+        {"link_bytes_per_s", p.link_bytes_per_s}, {"link_latency_s", p.link_latency_s},
+        {"ttft_overhead_s", p.ttft_overhead_s}, {"step_overhead_s", p.step_overhead_s}};
+    std::printf("%s\n", j.dump(1).c_str());
+    return 0;
   }
   sim::SimOptions o;
   o.profile = *profile;

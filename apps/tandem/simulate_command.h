@@ -47,6 +47,7 @@ struct SimulateFlags {
   std::string out;                   // results directory
   bool keep_gaps = false;
   bool json = false;                 // print the summary as JSON
+  bool show_profile = false;         // print the profile as derived, and exit
 };
 
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& flags);

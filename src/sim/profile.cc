@@ -42,7 +42,7 @@ HardwareSpec HardwareFromJson(const json& j) {
   Read(j, "attention_mfu", &h.attention_mfu);
   Read(j, "decode_mbu", &h.decode_mbu);
   Read(j, "decode_mfu", &h.decode_mfu);
-  Read(j, "step_overhead_s", &h.step_overhead_s);
+  Read(j, "launch_overhead_s", &h.launch_overhead_s);
   Read(j, "memory_reserved_fraction", &h.memory_reserved_fraction);
   Read(j, "host_cache_bytes", &h.host_cache_bytes);
   Read(j, "network_bytes_per_s", &h.network_bytes_per_s);
@@ -66,7 +66,7 @@ Status CheckHardware(const HardwareSpec& h) {
                             h.decode_mfu > 0 && h.decode_mfu <= 1 &&
                             h.memory_reserved_fraction >= 0 && h.memory_reserved_fraction < 1;
   if (h.gpus <= 0 || h.peak_flops <= 0 || h.memory_bytes_per_s <= 0 || h.memory_bytes <= 0 ||
-      h.network_bytes_per_s <= 0 || h.network_latency_s < 0 || h.step_overhead_s < 0 ||
+      h.network_bytes_per_s <= 0 || h.network_latency_s < 0 || h.launch_overhead_s < 0 ||
       h.host_cache_bytes < 0 || !fractions_ok) {
     return InvalidArgument("roofline hardware '" + h.name +
                            "': gpus, peak_flops, memory_bytes_per_s, memory_bytes and "
@@ -117,11 +117,11 @@ InstanceProfile Roofline(const ModelShape& m, const HardwareSpec& hw) {
     // 2(G-1)/G of the buffer through each GPU's link.
     allreduce_per_token = 2.0 * m.layers * m.hidden * 2.0 * 2.0 * (g - 1) / g / hw.allreduce_bytes_per_s;
   }
-  c.prefill_base_s = hw.step_overhead_s;
+  c.prefill_base_s = hw.launch_overhead_s;
   c.prefill_per_token_s = 2.0 * m.LayerParams() / (flops * hw.prefill_mfu) + allreduce_per_token;
   c.prefill_attention_s =
       4.0 * m.layers * m.heads * m.head_dim / (flops * hw.attention_mfu);
-  c.decode_base_s = weight_bytes / (bandwidth * hw.decode_mbu) + hw.step_overhead_s;
+  c.decode_base_s = weight_bytes / (bandwidth * hw.decode_mbu) + hw.launch_overhead_s;
   c.decode_per_seq_s =
       2.0 * (m.LayerParams() + static_cast<double>(m.vocab) * m.hidden) / (flops * hw.decode_mfu) +
       allreduce_per_token;

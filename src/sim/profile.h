@@ -51,7 +51,7 @@ struct HardwareSpec {
   double attention_mfu = 0.35;    // attention scores and values in prefill
   double decode_mbu = 0.7;        // memory bandwidth reached by a decode step
   double decode_mfu = 0.3;        // compute of the per-sequence part of a decode step
-  double step_overhead_s = 0.004; // per forward pass: launches, synchronisation, sampling
+  double launch_overhead_s = 0.004;  // per forward pass: launches, synchronisation, sampling
   double memory_reserved_fraction = 0.1;  // HBM kept for activations and the runtime
   double host_cache_bytes = 0;    // node DRAM lent to the prefix cache
   double network_bytes_per_s = 0; // per node, to other nodes (KV transfer)
@@ -86,8 +86,8 @@ struct InstanceProfile {
 //                activations per layer (2·L·hidden·2 bytes·2(G-1)/G per token over the
 //                interconnect), where G = gpus;
 //   prefill p2 = 4·L·heads·head_dim / (G·peak·attention_mfu) per (new × context) token pair;
-//   prefill p0 = step_overhead_s;
-//   decode  d0 = weight bytes / (G·bw·decode_mbu) + step_overhead_s;
+//   prefill p0 = launch_overhead_s;
+//   decode  d0 = weight bytes / (G·bw·decode_mbu) + launch_overhead_s;
 //   decode  d1 = 2·(P_layers + vocab·hidden) / (G·peak·decode_mfu) (each sequence's token
 //                through the layers and the output matrix);
 //   decode  d2 = KV bytes per token / (G·bw·decode_mbu).

@@ -57,7 +57,7 @@ TEST(Roofline, TimesRespectThePhysicalLimits) {
   // A decode step of one sequence reads every weight once.
   const double step = p.cost.DecodeStepSeconds(1, 1000);
   EXPECT_GE(step, weights / bw);
-  EXPECT_LE(step, weights / (bw * h.decode_mbu) + 2 * h.step_overhead_s + 1e-3);
+  EXPECT_LE(step, weights / (bw * h.decode_mbu) + 2 * h.launch_overhead_s + 1e-3);
   // The KV read grows the step by the context's bytes over the bandwidth (at the MBU).
   const double per_token = p.cost.DecodeStepSeconds(1, 1001) - step;
   EXPECT_NEAR(per_token, m.KvBytesPerToken() / (bw * h.decode_mbu), 1e-12);
