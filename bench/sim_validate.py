@@ -14,6 +14,7 @@ simulated TPOT its step_overhead_s. The table shows the simulation without and w
 
     python3 bench/sim_validate.py --out bench/out/sim-validate            # ~5 minutes
     python3 bench/sim_validate.py --quick --out bench/out/sim-validate-quick
+    python3 bench/sim_validate.py --resimulate --rounds 3 --out bench/out/sim-validate  # sim only
 """
 import argparse
 import json
@@ -88,7 +89,8 @@ def calibrate(args, mode, serve_args, sim_args, profile, out_dir, log):
     prompts, real against simulated without overheads."""
     bench_args = ["--num-requests", "12", "--input-len", "64", "--output-len", "16",
                   "--closed-loop", "1"]
-    sc.run_config(args, f"{mode}-calibration", serve_args, bench_args, out_dir, log)
+    if not args.resimulate:
+        sc.run_config(args, f"{mode}-calibration", serve_args, bench_args, out_dir, log)
     trace = os.path.join(out_dir, "sim_trace.jsonl")
     real = simulated_trace(os.path.join(out_dir, "results.json"), None, trace)
     _, sim = run_simulation(args, profile, trace, 16, sim_args, os.path.join(out_dir, "sim"))
@@ -113,6 +115,9 @@ def main(argv=None):
     ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, requests/s")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--modes", default="default,colocated")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="simulate again the real runs already in --out (no servers started; "
+                         "the profiles measured then)")
     args = ap.parse_args(argv)
     if args.quick:
         args.requests = min(args.requests, 8)
@@ -134,11 +139,21 @@ def main(argv=None):
         per_round = {k: [] for k in keys}
         for rnd in range(args.rounds):
             out_dir = os.path.join(args.out, f"{mode}-round{rnd + 1}")
-            profile = measured_profile(args.tandem, args.model, threads, args.out)
+            os.makedirs(out_dir, exist_ok=True)
+            if args.resimulate:  # the real runs of an earlier invocation, simulated again
+                profile = os.path.join(out_dir, f"profile-{threads}t.json")
+                if not os.path.exists(profile):  # made by an older version of this script
+                    profile = os.path.join(args.out, f"profile-{threads}t.json")
+            else:
+                profile = measured_profile(args.tandem, args.model, threads, out_dir)
             over = calibrate(args, mode, serve_args, sim_args, profile,
                              os.path.join(out_dir, "calibration"), log)
             overheads.setdefault(mode, []).append(over)
-            run = sc.run_config(args, mode, serve_args, bench_args, out_dir, log)
+            if args.resimulate:
+                with open(os.path.join(out_dir, "summary.json")) as f:
+                    run = {"summary": json.load(f)}
+            else:
+                run = sc.run_config(args, mode, serve_args, bench_args, out_dir, log)
             sim_trace = os.path.join(out_dir, "sim_trace.jsonl")
             n = len(simulated_trace(os.path.join(out_dir, "results.json"), rows, sim_trace))
             s_raw, _ = run_simulation(args, profile, sim_trace, per_block, sim_args,

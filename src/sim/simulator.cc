@@ -118,6 +118,7 @@ struct Instance {
   std::vector<int> batch, joining;
   std::deque<int> local;              // prompts computed here, in order
   std::vector<std::pair<int, int64_t>> step_chunks;  // this step's prompt chunks
+  std::vector<int> pending_reservations;  // answered when the current step ends
   bool stepping = false;
   double step_started = 0;
   int64_t total_blocks = 0, used_blocks = 0;
@@ -400,14 +401,33 @@ class Simulation {
     Instance& d = *instances_[r.decode];
     const int need = conductor::DecodeBlocksNeeded(r.load.prompt_tokens,
                                                    r.placement.decode_cached_tokens, bt_);
-    if (!view_.Dispatch(r.load.seq, r.decode_name, r.prefill_name, need, TimeAt(now_)) ||
-        !Reserve(r, d)) {
+    if (!view_.Dispatch(r.load.seq, r.decode_name, r.prefill_name, need, TimeAt(now_))) {
       view_.Release(r.load.seq, r.decode_name, r.prefill_name);
       EnterKvWait(i);
       return;
     }
     r.dispatched = true;
     r.dispatched_at = now_;
+    // The decode worker answers a reservation between two steps of its loop.
+    if (d.stepping) {
+      d.pending_reservations.push_back(i);
+      return;
+    }
+    ReserveAndStart(i, /*kick=*/true);
+  }
+
+  // The decode instance reserves the request's KV; then its prefill starts (queued on its
+  // prefill instance, or as chunks of the decode instance's steps). `kick`: start the decode
+  // instance's next step if it is idle (not from inside its step's end).
+  void ReserveAndStart(int i, bool kick) {
+    Req& r = reqs_[i];
+    Instance& d = *instances_[r.decode];
+    if (!Reserve(r, d)) {  // refused (429): back to waiting for room
+      view_.Release(r.load.seq, r.decode_name, r.prefill_name);
+      r.dispatched = false;
+      EnterKvWait(i);
+      return;
+    }
     // The reservation is in the instance's figures at once: the promise is kept.
     d.view->promises.erase(r.load.seq);
     if (r.prefill < 0) {
@@ -417,7 +437,7 @@ class Simulation {
       d.rec.cached_tokens += r.decode_hit_tokens;
       r.rec.cached_tokens = static_cast<int>(r.decode_hit_tokens);
       d.local.push_back(i);
-      Kick(d);
+      if (kick) Kick(d);
     } else {
       Instance& p = *instances_[r.prefill];
       p.queue.push_back(i);
@@ -615,6 +635,9 @@ class Simulation {
       FirstToken(i);
     }
     d.step_chunks.clear();
+    std::vector<int> pending;
+    pending.swap(d.pending_reservations);
+    for (int i : pending) ReserveAndStart(i, /*kick=*/false);
     Kick(d);
   }
 

@@ -14,7 +14,8 @@
 //     prefill; the first token is returned when the push is done (as the real worker does).
 //   - decode / mixed instance: continuous batching; one step decodes every sequence in the
 //     batch and, when prompts are computed there (local prefill, or a mixed instance), carries
-//     up to max_batch_tokens − batch of their tokens (chunked prefill); its KV memory holds the
+//     up to max_batch_tokens − batch of their tokens (chunked prefill); it answers a KV
+//     reservation between two steps (as the worker's loop does); its KV memory holds the
 //     running sequences (blocks grown as they decode) and, in what is free, the prompts of
 //     finished ones for reuse (LRU).
 // The conductor's view of each instance is exact and immediate (no heartbeat delay); its cost
