@@ -185,6 +185,15 @@ class Simulation {
       events_.pop();
       now_ = e.t;
       ++result_.events;
+      // The run lasts until its last event that still concerns a request (a deadline timer of
+      // a request long served, or a turn check of one dispatched since, does not).
+      const Req* about = e.kind == EventKind::kWaitDeadline || e.kind == EventKind::kCheckTurn
+                             ? &reqs_[e.id] : nullptr;
+      const bool stale = about != nullptr &&
+                         (about->done || (e.kind == EventKind::kWaitDeadline ? !about->waiting_kv
+                                                                            : about->dispatched ||
+                                                                                  about->waiting_kv));
+      if (!stale) end_ = now_;
       if (now_ - last_expiry >= 1.0) {
         for (auto& inst : instances_) ClusterView::ExpirePlacedKeys(inst->view, TimeAt(now_));
         last_expiry = now_;
@@ -201,7 +210,7 @@ class Simulation {
       // inside an instance's handler).
       if (!freed_.empty()) RetryKvWaiters();
     }
-    result_.duration_s = std::max(0.0, now_ - start_);
+    result_.duration_s = std::max(0.0, end_ - start_);
     result_.utilisation_interval_s = o_.utilisation_interval_s;
     for (Req& r : reqs_) {
       r.rec.waited_for_kv = r.waited_kv;
@@ -703,7 +712,7 @@ class Simulation {
   std::list<int> kv_waiting_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t order_ = 0;
-  double now_ = 0, start_ = 0;
+  double now_ = 0, start_ = 0, end_ = 0;
   double expected_output_ = 64;
   std::set<int> freed_;  // decode instances whose KV room grew in this event
   std::mt19937_64 rng_;

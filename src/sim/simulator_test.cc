@@ -126,6 +126,22 @@ TEST(Simulate, EveryRequestEndsAndNothingLeaks) {
   EXPECT_GE(decoded, expected);
 }
 
+// The run ends with its last request, not with the timers of requests long served.
+TEST(Simulate, DurationEndsWithTheLastRequest) {
+  SimOptions o = Options(1, 1);
+  o.profile.kv_capacity_tokens = 64 * 60;  // two prompts at a time: the others wait for room
+  const auto w = Burst(20, 10.0, 1500, 20, 1000);
+  auto res = Simulate(w, o);
+  ASSERT_TRUE(res.ok());
+  double last = 0;
+  for (const auto& r : res->requests) {
+    ASSERT_TRUE(r.ok) << r.index;
+    last = std::max(last, r.arrival_s + r.e2e_s);
+  }
+  EXPECT_GT(res->kv_waits, 0);
+  EXPECT_NEAR(res->duration_s, last, 1e-9);
+}
+
 TEST(Simulate, Deterministic) {
   SimOptions o = Options(2, 2);
   o.engine_noise = 0.2;
