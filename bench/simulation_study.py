@@ -218,7 +218,40 @@ def ratio(args, out):
                      f"{'-' if s['tbt_ms']['p90'] is None else round(s['tbt_ms']['p90'])} | "
                      f"{100 * u.get('prefill', 0):.0f}% | {100 * u.get('decode', 0):.0f}% |")
         print(lines[-1], flush=True)
+    plot_utilisation(args, out, speed)
     return "\n".join(lines), data
+
+
+def plot_utilisation(args, out, speed, split=(12, 4)):
+    """Busy share over time of each role's instances (mean and range) for one split: what the
+    planner of elastic pools would act on."""
+    run_dir = os.path.join(out, f"utilisation-{split[0]}p{split[1]}d")
+    simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
+             "--prefill", split[0], "--decode", split[1], "--slo-ttft-ms", TTFT_SLO_MS,
+             "--slo-tbt-ms", 100, "--utilisation-interval-s", 30, "--out", run_dir)
+    p = plt()
+    if not p:
+        return
+    with open(os.path.join(run_dir, "utilisation.json")) as f:
+        util = json.load(f)
+    dt = util["interval_s"]
+    fig, ax = p.subplots(figsize=(9, 3.5))
+    for role, color in (("prefill", "tab:blue"), ("decode", "tab:orange")):
+        series = [i["busy_share"] for i in util["instances"] if i["role"] == role]
+        n = max(len(x) for x in series)
+        cols = [[x[k] if k < len(x) else 0.0 for x in series] for k in range(n)]
+        t = [k * dt / 60 for k in range(n)]
+        ax.plot(t, [100 * sum(c) / len(c) for c in cols], color=color,
+                label=f"{role} ({len(series)} instances), mean")
+        ax.fill_between(t, [100 * min(c) for c in cols], [100 * max(c) for c in cols], color=color,
+                        alpha=0.2)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("busy %")
+    ax.set_title(f"{split[0]}P+{split[1]}D, conversation trace at {speed:g}x: busy share per 30 s "
+                 "(mean, min-max band)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "utilisation.png"), dpi=80)
 
 
 def scale(args, out):

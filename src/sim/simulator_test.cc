@@ -246,6 +246,41 @@ TEST(Simulate, ConditionalDisaggregationComputesLocally) {
   EXPECT_LT(with->requests[1].ttft_s, without->requests[1].ttft_s);
 }
 
+// With --replace-interval-ms, requests held for their prefill turn are placed again while
+// they wait (as the conductor does under cache-load); every request still ends, once.
+TEST(Simulate, HeldRequestsArePlacedAgain) {
+  const auto w = Burst(60, 4.0, 1000, 5, 1000);  // a prefill backlog: requests are held
+  SimOptions o = Options(2, 1);
+  o.placement.allow_local_prefill = false;
+  o.engine_noise = 0.3;  // the queues move off their predictions
+  auto once = Simulate(w, o);
+  o.replace_interval_s = 0.05;
+  auto again = Simulate(w, o);
+  ASSERT_TRUE(once.ok() && again.ok());
+  EXPECT_EQ(once->placements, 60);
+  EXPECT_GT(again->placements, 2 * 60);
+  int ok = 0;
+  for (const auto& r : again->requests) ok += r.ok;
+  EXPECT_EQ(ok, 60);
+}
+
+// A conductor that predicts twice the true times rejects requests that would have met the SLO.
+TEST(Simulate, OverPredictionRejectsMore) {
+  const auto w = Burst(200, 2.0, 1000, 5, 1000);
+  SimOptions o = Options(2, 1);
+  o.slo_ttft_s = 2.0;
+  auto exact = Simulate(w, o);
+  o.predicted_scale = 2.0;
+  auto pessimistic = Simulate(w, o);
+  ASSERT_TRUE(exact.ok() && pessimistic.ok());
+  auto rejected = [](const SimResult& r) {
+    int n = 0;
+    for (const auto& q : r.requests) n += q.status == 429;
+    return n;
+  };
+  EXPECT_GT(rejected(*pessimistic), rejected(*exact) + 20);
+}
+
 TEST(Simulate, BadOptionsAreClearErrors) {
   const std::vector<SimRequest> w = {Request(0, 0.0, 100, 2, 1)};
   EXPECT_EQ(Simulate(w, Options(1, 0)).status().code(), StatusCode::kInvalidArgument);
