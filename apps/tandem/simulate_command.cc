@@ -64,6 +64,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
       ->check(CLI::Range(0.0, 5.0))->capture_default_str();
   cmd->add_option("--predicted-scale", f.predicted_scale, "The conductor's cost models are the "
                   "engines' true ones times this")->check(CLI::Range(1e-3, 1e3))->capture_default_str();
+  cmd->add_option("--engine-scale", f.engine_scale, "The engines' step times are the profile's "
+                  "times this (the conductor still predicts from the profile)")
+      ->check(CLI::Range(1e-3, 1e3))->capture_default_str();
   cmd->add_option("--block-tokens", f.block_tokens, "KV block and prefix-key size (0: the trace's "
                   "scaled block, or the profile's for a synthetic load)")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per step (0: the profile's)")
@@ -158,6 +161,7 @@ int RunSimulate(const SimulateFlags& flags) {
   o.replace_interval_s = f.replace_interval_ms / 1000.0;
   o.engine_noise = f.engine_noise;
   o.predicted_scale = f.predicted_scale;
+  o.engine_scale = f.engine_scale;
   o.utilisation_interval_s = f.utilisation_interval_s;
   o.keep_gaps = f.keep_gaps;
   o.seed = f.seed;

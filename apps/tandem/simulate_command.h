@@ -38,6 +38,7 @@ struct SimulateFlags {
   double replace_interval_ms = 0;
   double engine_noise = 0;
   double predicted_scale = 1.0;
+  double engine_scale = 1.0;
   int block_tokens = 0;              // 0: the trace's (scaled) block, else the profile's
   int max_batch_tokens = 0;          // 0: the profile's
   double ttft_overhead_ms = -1;      // < 0: the profile's

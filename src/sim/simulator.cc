@@ -235,7 +235,10 @@ class Simulation {
 
   void Push(double t, EventKind kind, int id) { events_.push({t, order_++, kind, id}); }
 
-  double Noise() { return o_.engine_noise > 0 ? std::exp(noise_(rng_)) : 1.0; }
+  // The factor on one engine step: the engines' slowdown, times the noise.
+  double Noise() {
+    return o_.engine_scale * (o_.engine_noise > 0 ? std::exp(noise_(rng_)) : 1.0);
+  }
 
   void AddBusy(Instance& inst, double from, double to) {
     if (to <= from) return;
@@ -733,8 +736,8 @@ StatusOr<SimResult> Simulate(const std::vector<SimRequest>& workload, const SimO
   if (!o.profile.cost.valid() || o.profile.block_tokens <= 0 || o.profile.KvBlocks() <= 0) {
     return InvalidArgument("simulate: the profile needs a cost model, block_tokens and KV memory");
   }
-  if (o.deadline_s <= 0 || o.predicted_scale <= 0 || o.engine_noise < 0) {
-    return InvalidArgument("simulate: deadline and predicted scale must be > 0, noise >= 0");
+  if (o.deadline_s <= 0 || o.predicted_scale <= 0 || o.engine_scale <= 0 || o.engine_noise < 0) {
+    return InvalidArgument("simulate: deadline and the scales must be > 0, noise >= 0");
   }
   for (size_t i = 1; i < workload.size(); ++i) {
     if (workload[i].arrival_s < workload[i - 1].arrival_s) {

@@ -50,7 +50,9 @@ struct SimOptions {
   double deadline_s = 600;         // per request, from its arrival
   double replace_interval_s = 0;   // > 0: a held request is placed again this often
   double engine_noise = 0;         // sigma of a log-normal factor on every step time
-  double predicted_scale = 1.0;    // the conductor's cost models = the true ones x this
+  double predicted_scale = 1.0;    // the conductor's cost models = the profile's x this
+  double engine_scale = 1.0;       // the engines' true step times = the profile's x this (an
+                                   // engine slowed by neighbours on its cores)
   double utilisation_interval_s = 10;
   bool keep_gaps = false;          // keep every request's token gaps in its record
   uint64_t seed = 1;

@@ -82,6 +82,19 @@ TEST(Simulate, IdleClusterTimesAreTheProfiles) {
   for (const auto& i : res->instances) EXPECT_EQ(i.kv_overflow_blocks, 0);
 }
 
+// Slower engines (neighbours on their cores) stretch every step; the conductor still predicts
+// from the profile.
+TEST(Simulate, EngineScaleStretchesTheSteps) {
+  SimOptions o = Options(1, 1);
+  o.engine_scale = 1.5;
+  auto res = Simulate({Request(0, 0.0, 1000, 5, 1)}, o);
+  ASSERT_TRUE(res.ok());
+  const auto& c = o.profile.cost;
+  EXPECT_NEAR(res->requests[0].ttft_s, 1.5 * c.PrefillSeconds(1000, 0) + 0.010 / 10 + 1e-4, 1e-9);
+  EXPECT_NEAR(res->requests[0].tbt_s, 1.5 * c.DecodeStepSeconds(1, 1004), 1e-6);  // gaps are floats
+  EXPECT_NEAR(res->requests[0].predicted_ttft_s, c.PrefillSeconds(1000, 0) + 0.0011, 0.01);
+}
+
 // A prompt whose prefix was computed before is served from the prefill instance's cache.
 TEST(Simulate, PrefixCacheSavesComputation) {
   const SimOptions o = Options(1, 1);
