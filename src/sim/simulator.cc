@@ -584,20 +584,29 @@ class Simulation {
     const int64_t batch = static_cast<int64_t>(d.batch.size());
     int64_t context = 0;
     for (int i : d.batch) context += reqs_[i].load.prompt_tokens + reqs_[i].emitted;
-    double dt = batch > 0 ? c.DecodeStepSeconds(batch, context) + o_.profile.step_overhead_s
-                          : c.prefill_base_s;
     int64_t budget = std::max<int64_t>(0, o_.profile.max_batch_tokens - batch);
     d.step_chunks.clear();
+    double chunk_linear = 0, chunk_attention = 0;  // the prompt chunks' matmuls and attention
     for (int i : d.local) {
       if (budget <= 0) break;
       Req& r = reqs_[i];
       const int64_t chunk = std::min<int64_t>(budget, r.load.prompt_tokens - r.local_done);
       if (chunk <= 0) continue;
       const double n = static_cast<double>(chunk), ctx = static_cast<double>(r.local_done);
-      dt += c.prefill_per_token_s * n + c.prefill_attention_s * n * (ctx + n / 2);
+      chunk_linear += c.prefill_per_token_s * n;
+      chunk_attention += c.prefill_attention_s * n * (ctx + n / 2);
       d.step_chunks.push_back({i, chunk});
       budget -= chunk;
       d.rec.prefill_tokens += chunk;
+    }
+    // One fused forward pass: the decode step reads the weights (d0) while the chunks' matmuls
+    // compute on them, so a step pays the longer of the two, not both.
+    double dt;
+    if (batch == 0) {
+      dt = c.prefill_base_s + chunk_linear + chunk_attention;
+    } else {
+      dt = c.DecodeStepSeconds(batch, context) - c.decode_base_s +
+           std::max(c.decode_base_s, chunk_linear) + chunk_attention + o_.profile.step_overhead_s;
     }
     dt *= Noise();
     d.stepping = true;

@@ -14,7 +14,9 @@
 //     prefill; the first token is returned when the push is done (as the real worker does).
 //   - decode / mixed instance: continuous batching; one step decodes every sequence in the
 //     batch and, when prompts are computed there (local prefill, or a mixed instance), carries
-//     up to max_batch_tokens − batch of their tokens (chunked prefill); it answers a KV
+//     up to max_batch_tokens − batch of their tokens (chunked prefill; the step is one fused
+//     pass, so it costs the longer of the weights' read d0 and the chunks' matmuls, plus the
+//     per-sequence, context and attention terms); it answers a KV
 //     reservation between two steps (as the worker's loop does); its KV memory holds the
 //     running sequences (blocks grown as they decode) and, in what is free, the prompts of
 //     finished ones for reuse (LRU).

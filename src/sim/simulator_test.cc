@@ -1,5 +1,6 @@
 #include "sim/simulator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -242,6 +243,25 @@ TEST(Simulate, DisaggregationKeepsTimeBetweenTokens) {
   const double disaggregated = p90_tbt(Options(1, 1));
   EXPECT_LT(disaggregated, 0.5 * colocated) << disaggregated << " vs " << colocated;
   EXPECT_LT(disaggregated, 0.05);  // about one decode step of a small batch
+}
+
+// A colocated step carrying a prompt chunk is one fused pass: it pays the longer of the
+// weights' read (d0 = 20 ms) and the chunk's matmuls (200 tokens: 200 ms), not both.
+TEST(Simulate, AChunkAndTheDecodesShareOnePass) {
+  SimOptions o = Options(0, 0, 1);
+  o.keep_gaps = true;
+  const std::vector<SimRequest> w = {Request(0, 0.0, 10, 40, 1), Request(1, 0.2, 200, 2, 2)};
+  auto res = Simulate(w, o);
+  ASSERT_TRUE(res.ok());
+  const auto& gaps = res->requests[0].gaps_s;
+  ASSERT_FALSE(gaps.empty());
+  const double slowest = *std::max_element(gaps.begin(), gaps.end());
+  const auto& c = o.profile.cost;
+  // The step with request 1's chunk: per-sequence and context terms of the decode (context of
+  // request 0 between 10 and 50 tokens), the chunk's matmuls and its attention.
+  const double fused = c.decode_per_seq_s + c.prefill_per_token_s * 200 +
+                       c.prefill_attention_s * 200 * 100;
+  EXPECT_NEAR(slowest, fused + 30e-6, 25e-6);
 }
 
 // Conditional disaggregation: a busy prefill instance and an idle decode instance with a
