@@ -131,10 +131,7 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, Clock::t
     s.healthy = w.healthy;
     s.inflight = static_cast<int>(w.placed.size());
     s.block_tokens = w.info.block_tokens > 0 ? w.info.block_tokens : 16;
-    const auto& b = w.stats.backend;
-    int promised = 0;
-    for (const auto& [seq, p] : w.promises) promised += p.blocks;
-    s.kv_free_blocks = b.kv_blocks_total - b.kv_blocks_used - promised;
+    s.kv_free_blocks = FreeBlocks(w);
     // The longest prefix of the prompt the worker holds (whole blocks, leaving one token).
     if (r.block_tokens == s.block_tokens && r.prompt_tokens > 1) {
       const size_t max_blocks =
@@ -157,13 +154,7 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, Clock::t
       ds.ends_in_s = ds.joins_in_s + remaining * std::max(d.tbt_s, 1e-3);
       s.decoding.push_back(ds);
     }
-    s.cost = w.info.cost;
-    s.cost.prefill_base_s *= w.prefill_scale;
-    s.cost.prefill_per_token_s *= w.prefill_scale;
-    s.cost.prefill_attention_s *= w.prefill_scale;
-    s.cost.decode_base_s *= w.decode_scale;
-    s.cost.decode_per_seq_s *= w.decode_scale;
-    s.cost.decode_per_context_token_s *= w.decode_scale;
+    s.cost = w.info.cost.Scaled(w.prefill_scale, w.decode_scale);
     s.kv_transfer_s = w.kv_transfer_s;
     s.max_batch_tokens = w.info.max_batch_tokens;
     out.push_back(std::move(s));

@@ -36,7 +36,6 @@ class PrefixCache {
   explicit PrefixCache(std::unordered_set<uint64_t>* mirror) : mirror_(mirror) {}
 
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
-  bool contains(uint64_t k) const { return index_.count(k) != 0; }
 
   // Leading keys held (at most `max_blocks`), refreshed as most recent.
   int64_t Hit(const std::vector<uint64_t>& keys, int64_t max_blocks) {
@@ -75,6 +74,14 @@ class PrefixCache {
   std::unordered_map<uint64_t, std::list<uint64_t>::iterator> index_;
   std::unordered_set<uint64_t>* mirror_;
 };
+
+// Leading keys of `keys` found in `held`, at most `max_blocks`.
+int64_t LeadingHeld(const std::vector<uint64_t>& keys, int64_t max_blocks,
+                    const std::unordered_set<uint64_t>& held) {
+  int64_t n = 0;
+  while (n < max_blocks && n < static_cast<int64_t>(keys.size()) && held.count(keys[n])) ++n;
+  return n;
+}
 
 enum class EventKind { kArrival, kCheckTurn, kPrefillEnd, kKvArrived, kStepEnd, kWaitDeadline };
 
@@ -120,7 +127,6 @@ struct Instance {
   std::vector<std::pair<int, int64_t>> step_chunks;  // this step's prompt chunks
   std::vector<int> pending_reservations;  // answered when the current step ends
   bool stepping = false;
-  double step_started = 0;
   int64_t total_blocks = 0, used_blocks = 0;
   InstanceRecord rec;
 };
@@ -143,7 +149,7 @@ class Simulation {
                                                     : cluster::Role::kMixed;
         w.info.block_tokens = bt_;
         w.info.max_batch_tokens = p.max_batch_tokens;
-        w.info.cost = Scaled(p.cost, o.predicted_scale);
+        w.info.cost = p.cost.Scaled(o.predicted_scale, o.predicted_scale);
         w.healthy = true;
         inst->view = &w;
         inst->cache = std::make_unique<PrefixCache>(&w.reported_keys);
@@ -223,14 +229,13 @@ class Simulation {
   }
 
  private:
-  static conductor::CostModel Scaled(conductor::CostModel c, double f) {
-    c.prefill_base_s *= f;
-    c.prefill_per_token_s *= f;
-    c.prefill_attention_s *= f;
-    c.decode_base_s *= f;
-    c.decode_per_seq_s *= f;
-    c.decode_per_context_token_s *= f;
-    return c;
+  // Prompt blocks a cache hit may cover: whole blocks, leaving at least one token to compute.
+  int64_t MaxHitBlocks(const Req& r) const { return std::max(0, r.load.prompt_tokens - 1) / bt_; }
+
+  // The prompt's whole blocks enter `cache` (most recent).
+  void CachePrompt(const Req& r, PrefixCache* cache) const {
+    const int64_t full = std::min<int64_t>(r.load.prompt_tokens / bt_, r.load.keys.size());
+    for (int64_t b = 0; b < full; ++b) cache->Insert(r.load.keys[b]);
   }
 
   void Push(double t, EventKind kind, int id) { events_.push({t, order_++, kind, id}); }
@@ -355,12 +360,7 @@ class Simulation {
       Req& r = reqs_[i];
       bool may_fit = false;
       for (const Instance* d : freed) {
-        const int64_t max_hit = std::max(0, r.load.prompt_tokens - 1) / bt_;
-        int64_t hit = 0;
-        while (hit < max_hit && hit < static_cast<int64_t>(r.load.keys.size()) &&
-               d->view->reported_keys.count(r.load.keys[hit])) {
-          ++hit;
-        }
+        const int64_t hit = LeadingHeld(r.load.keys, MaxHitBlocks(r), d->view->reported_keys);
         const int need = conductor::DecodeBlocksNeeded(r.load.prompt_tokens,
                                                        static_cast<int>(hit * bt_), bt_);
         if (need <= ClusterView::FreeBlocks(*d->view)) {
@@ -470,8 +470,7 @@ class Simulation {
 
   // The decode instance reserves the prompt's KV blocks (what its cache holds is pinned).
   bool Reserve(Req& r, Instance& d) {
-    const int64_t max_hit = std::max(0, r.load.prompt_tokens - 1) / bt_;
-    const int64_t hit = d.cache->Hit(r.load.keys, max_hit);
+    const int64_t hit = d.cache->Hit(r.load.keys, MaxHitBlocks(r));
     const int64_t blocks = (r.load.prompt_tokens + 1 + bt_ - 1) / bt_;
     if (blocks > d.total_blocks - d.used_blocks) return false;
     for (int64_t b = 0; b < hit; ++b) d.cache->Erase(r.load.keys[b]);
@@ -490,8 +489,7 @@ class Simulation {
     r.reserved_blocks = 0;
     freed_.insert(r.decode);  // waiters try again after this event
     // The prompt's full blocks stay cached, evictable.
-    const int64_t full = std::min<int64_t>(r.load.prompt_tokens / bt_, r.load.keys.size());
-    for (int64_t b = 0; b < full; ++b) d.cache->Insert(r.load.keys[b]);
+    CachePrompt(r, d.cache.get());
     d.cache->ShrinkTo(d.total_blocks - d.used_blocks);
     PublishKv(d);
   }
@@ -509,8 +507,7 @@ class Simulation {
         Fail(r, 504, "deadline");
         continue;
       }
-      const int64_t max_hit = std::max(0, r.load.prompt_tokens - 1) / bt_;
-      const int64_t cached = p.cache->Hit(r.load.keys, max_hit) * bt_;
+      const int64_t cached = p.cache->Hit(r.load.keys, MaxHitBlocks(r)) * bt_;
       const int64_t n_new = r.load.prompt_tokens - cached;
       const double dt = o_.profile.cost.PrefillSeconds(n_new, cached) * Noise();
       r.rec.cached_tokens = static_cast<int>(cached);
@@ -531,8 +528,7 @@ class Simulation {
     Instance& p = *instances_[inst];
     const int i = p.running;
     Req& r = reqs_[i];
-    const int64_t full = std::min<int64_t>(r.load.prompt_tokens / bt_, r.load.keys.size());
-    for (int64_t b = 0; b < full; ++b) p.cache->Insert(r.load.keys[b]);
+    CachePrompt(r, p.cache.get());
     p.cache->ShrinkTo(o_.profile.PrefixCacheBlocks());
     // Layer-wise push: each layer's KV leaves as soon as it is computed; the link is shared
     // by this instance's transfers in order.
@@ -610,7 +606,6 @@ class Simulation {
     }
     dt *= Noise();
     d.stepping = true;
-    d.step_started = now_;
     d.rec.steps++;
     AddBusy(d, now_, now_ + dt);
     Push(now_ + dt, EventKind::kStepEnd, by_name_.at(d.name));

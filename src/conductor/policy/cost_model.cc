@@ -73,6 +73,17 @@ std::array<double, 3> NonNegativeLeastSquares(const std::vector<std::array<doubl
 
 }  // namespace
 
+CostModel CostModel::Scaled(double prefill_factor, double decode_factor) const {
+  CostModel c = *this;
+  c.prefill_base_s *= prefill_factor;
+  c.prefill_per_token_s *= prefill_factor;
+  c.prefill_attention_s *= prefill_factor;
+  c.decode_base_s *= decode_factor;
+  c.decode_per_seq_s *= decode_factor;
+  c.decode_per_context_token_s *= decode_factor;
+  return c;
+}
+
 double CostModel::PrefillSeconds(int64_t new_tokens, int64_t cached_tokens) const {
   if (new_tokens <= 0) return 0;
   const double n = static_cast<double>(new_tokens);

@@ -37,6 +37,9 @@ struct CostModel {
 
   bool valid() const { return prefill_per_token_s > 0 && decode_base_s > 0; }
   double PrefillSeconds(int64_t new_tokens, int64_t cached_tokens) const;
+  // This model with its prefill coefficients times `prefill_factor` and its decode ones times
+  // `decode_factor`.
+  CostModel Scaled(double prefill_factor, double decode_factor) const;
   double DecodeStepSeconds(int64_t batch, int64_t context_tokens) const;
 
   std::string ToJson() const;  // one object
