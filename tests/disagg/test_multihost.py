@@ -101,9 +101,11 @@ class TwoHosts(unittest.TestCase):
                    "--host", ADDR_A, *common)
         decode = self.start(NS_B, "decode", BIN, "worker", "--role", "decode", "--name", "decode-b",
                             "--host", ADDR_B, *common)
+        # --no-local-prefill: every prompt crosses the hosts (with conditional disaggregation a
+        # short prompt goes local once the first push's measured tail makes remote look slower).
         self.start(NS_A, "conductor", BIN, "conductor", "--metadata", etcd, "--model", MODEL,
                    "--host", ADDR_A, "--port", str(HTTP_PORT), "--served-model-name", MODEL_NAME,
-                   "--max-model-len", "1024")
+                   "--max-model-len", "1024", "--no-local-prefill")
         try:
             wait_for(lambda: metrics(NS_A).get('tandem_workers{role="decode",state="healthy"}') == 1
                      and metrics(NS_A).get('tandem_workers{role="prefill",state="healthy"}') == 1,
