@@ -1,5 +1,10 @@
 #include "common/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/check.h"
+
 namespace tandem {
 
 const char* StatusCodeName(StatusCode code) {
@@ -30,4 +35,27 @@ Status Status::WithContext(const std::string& context) const {
   return Status(code_, context + ": " + message_);
 }
 
+namespace internal {
+
+void DieOnBadStatusOrAccess(const Status& status) {
+  std::fprintf(stderr, "fatal: value() of a StatusOr holding %s\n", status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+Status OkStatusWithoutValue() {
+  return Internal("a StatusOr was built from an OK Status, which carries no value");
+}
+
+CheckFailure::CheckFailure(const char* file, int line, const char* condition) {
+  stream_ << file << ":" << line << ": check failed: " << condition << " ";
+}
+
+CheckFailure::~CheckFailure() {
+  std::fprintf(stderr, "fatal: %s\n", stream_.str().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 }  // namespace tandem

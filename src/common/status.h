@@ -5,12 +5,14 @@
 //   TANDEM_ASSIGN_OR_RETURN(auto model, Model::Load(*f));
 #pragma once
 
-#include <cassert>
 #include <optional>
 #include <string>
 #include <utility>
 
 namespace tandem {
+
+// Status and StatusOr are [[nodiscard]]: a dropped error is a compile warning (an error in CI).
+// Where ignoring one is right, say why and write `(void)Call();` or use `.IgnoreError()`.
 
 enum class StatusCode {
   kOk = 0,
@@ -29,7 +31,7 @@ enum class StatusCode {
 
 const char* StatusCodeName(StatusCode code);
 
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -41,6 +43,8 @@ class Status {
   std::string ToString() const;
   // Returns a copy with "context: " prepended to the message.
   Status WithContext(const std::string& context) const;
+  // Drops the status on purpose (best-effort clean-up paths); reads better than a cast.
+  void IgnoreError() const {}
 
  private:
   StatusCode code_ = StatusCode::kOk;
@@ -60,27 +64,42 @@ inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
-// Either a value or a non-OK Status.
+namespace internal {
+// Aborts with the status' text: value() of a StatusOr that holds an error (every build mode).
+[[noreturn]] void DieOnBadStatusOrAccess(const Status& status);
+// The status a StatusOr built from an OK Status holds instead (it has no value to give).
+Status OkStatusWithoutValue();
+}  // namespace internal
+
+// Either a value or a non-OK Status. value() (and *, ->) on an error aborts in every build mode
+// with the error's text; check ok() first. Built from an OK Status, it holds an INTERNAL error.
 template <typename T>
-class StatusOr {
+class [[nodiscard]] StatusOr {
  public:
-  StatusOr(const Status& status) : status_(status) { assert(!status_.ok()); }  // NOLINT
-  StatusOr(Status&& status) : status_(std::move(status)) { assert(!status_.ok()); }  // NOLINT
+  StatusOr(const Status& status) : status_(status) { Guard(); }  // NOLINT
+  StatusOr(Status&& status) : status_(std::move(status)) { Guard(); }  // NOLINT
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
   StatusOr(const T& value) : value_(value) {}  // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & { Check(); return *value_; }
+  const T& value() const& { Check(); return *value_; }
+  T&& value() && { Check(); return std::move(*value_); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
-  T&& operator*() && { return std::move(*value_); }
+  T&& operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
  private:
+  void Guard() {
+    if (status_.ok()) status_ = internal::OkStatusWithoutValue();
+  }
+  void Check() const {
+    if (!status_.ok()) internal::DieOnBadStatusOrAccess(status_);
+  }
+
   Status status_;
   std::optional<T> value_;
 };

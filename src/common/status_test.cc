@@ -1,5 +1,7 @@
 #include "common/status.h"
 
+#include "common/check.h"
+
 #include <gtest/gtest.h>
 
 namespace tandem {
@@ -24,6 +26,26 @@ TEST(StatusTest, PropagatesFirstError) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.ToString(), "INVALID_ARGUMENT: odd: 3");
   EXPECT_EQ(st.WithContext("quarter").message(), "quarter: odd: 3");
+}
+
+// value() on an error aborts in every build mode, Release (NDEBUG) included, naming the error.
+TEST(StatusDeathTest, ValueOfAnErrorAbortsWithItsText) {
+  StatusOr<int> odd = Half(3);
+  EXPECT_DEATH((void)odd.value(), "INVALID_ARGUMENT: odd: 3");
+  EXPECT_DEATH((void)*Half(5), "odd: 5");
+}
+
+TEST(StatusTest, OkStatusWithoutValueBecomesAnError) {
+  StatusOr<int> s = OkStatus();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInternal);
+}
+
+TEST(CheckDeathTest, FailedCheckNamesConditionAndContext) {
+  int n = 7;
+  TANDEM_CHECK(n == 7) << "never printed";
+  EXPECT_DEATH(TANDEM_CHECK(n % 2 == 0) << "n=" << n, "check failed: n % 2 == 0 n=7");
+  EXPECT_DEATH(TANDEM_CHECK_OK(InvalidArgument("bad")), "INVALID_ARGUMENT: bad");
 }
 
 }  // namespace

@@ -8,17 +8,18 @@
 #include <random>
 #include <vector>
 
+#include "common/check.h"
 #include "kernels/matmul.h"
 #include "model/gguf_writer.h"
 
 namespace tandem::engine::testing {
 namespace {
 
-std::vector<uint8_t> RandomMatrix(kernels::DType dtype, int64_t rows, int64_t cols, float scale,
+std::vector<uint8_t> RandomMatrix(DType dtype, int64_t rows, int64_t cols, float scale,
                                   std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, scale);
   std::vector<float> row(cols);
-  const int64_t row_bytes = kernels::RowBytes(dtype, cols);
+  const int64_t row_bytes = RowBytes(dtype, cols);
   std::vector<uint8_t> out(rows * row_bytes);
   for (int64_t r = 0; r < rows; ++r) {
     for (auto& v : row) v = normal(rng);
@@ -56,25 +57,24 @@ std::string WriteTinyLlama(const TinyLlamaSpec& s) {
   std::mt19937 rng(s.seed);
   const int hd = s.dim / s.n_heads;
   const float wscale = 1.0f / std::sqrt(static_cast<float>(s.dim));
-  auto add = [&](const std::string& name, kernels::DType t, std::vector<int64_t> dims,
+  auto add = [&](const std::string& name, DType t, std::vector<int64_t> dims,
                  std::vector<uint8_t> bytes) {
-    Status st = w.AddTensor(name, t, dims, std::move(bytes));
-    if (!st.ok()) std::abort();
+    TANDEM_CHECK_OK(w.AddTensor(name, t, dims, std::move(bytes)));
   };
   add("token_embd.weight", s.embd_dtype, {s.dim, s.vocab},
       RandomMatrix(s.embd_dtype, s.vocab, s.dim, 1.0f, rng));
-  add("output_norm.weight", kernels::DType::kF32, {s.dim}, NormWeights(s.dim, rng));
+  add("output_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
   for (int l = 0; l < s.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     const auto t = s.matrix_dtype;
-    add(p + "attn_norm.weight", kernels::DType::kF32, {s.dim}, NormWeights(s.dim, rng));
+    add(p + "attn_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
     add(p + "attn_q.weight", t, {s.dim, s.dim}, RandomMatrix(t, s.dim, s.dim, wscale, rng));
     add(p + "attn_k.weight", t, {s.dim, s.n_kv_heads * hd},
         RandomMatrix(t, s.n_kv_heads * hd, s.dim, wscale, rng));
     add(p + "attn_v.weight", t, {s.dim, s.n_kv_heads * hd},
         RandomMatrix(t, s.n_kv_heads * hd, s.dim, wscale, rng));
     add(p + "attn_output.weight", t, {s.dim, s.dim}, RandomMatrix(t, s.dim, s.dim, wscale, rng));
-    add(p + "ffn_norm.weight", kernels::DType::kF32, {s.dim}, NormWeights(s.dim, rng));
+    add(p + "ffn_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
     add(p + "ffn_gate.weight", t, {s.dim, s.ffn_dim}, RandomMatrix(t, s.ffn_dim, s.dim, wscale, rng));
     add(p + "ffn_up.weight", t, {s.dim, s.ffn_dim}, RandomMatrix(t, s.ffn_dim, s.dim, wscale, rng));
     add(p + "ffn_down.weight", t, {s.ffn_dim, s.dim},
@@ -82,9 +82,9 @@ std::string WriteTinyLlama(const TinyLlamaSpec& s) {
   }
   char path[] = "/tmp/tandem_tiny_XXXXXX";
   const int fd = mkstemp(path);
-  if (fd < 0) std::abort();
+  TANDEM_CHECK(fd >= 0) << "mkstemp " << path;
   close(fd);
-  if (!w.WriteFile(path).ok()) std::abort();
+  TANDEM_CHECK_OK(w.WriteFile(path));
   return path;
 }
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::engine::testing {
 
@@ -16,8 +16,8 @@ struct TinyLlamaSpec {
   int n_kv_heads = 2;
   int vocab = 96;
   int context = 512;
-  kernels::DType matrix_dtype = kernels::DType::kQ4_1;  // attention and FFN matrices
-  kernels::DType embd_dtype = kernels::DType::kQ8_0;    // embedding (tied output)
+  DType matrix_dtype = DType::kQ4_1;  // attention and FFN matrices
+  DType embd_dtype = DType::kQ8_0;    // embedding (tied output)
   uint32_t seed = 1;
 };
 

@@ -184,7 +184,7 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     for (int32_t tok : batch[i].tokens) {
       const auto& e = weights_.token_embd;
       const auto* row =
-          static_cast<const uint8_t*>(e.data) + tok * kernels::RowBytes(e.dtype, c.dim);
+          static_cast<const uint8_t*>(e.data) + tok * RowBytes(e.dtype, c.dim);
       kernels::DequantizeRow(e.dtype, row, &x_[t * c.dim], c.dim);
       ++t;
     }

@@ -15,7 +15,6 @@
 namespace tandem::engine {
 namespace {
 
-using kernels::DType;
 
 // A loaded tiny model with its own KV cache.
 struct Fixture {
@@ -90,7 +89,7 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
   const int hd = c.head_dim;
   auto deq = [](const kernels::WeightView& w) {
     std::vector<float> m(w.rows * w.cols);
-    const int64_t rb = kernels::RowBytes(w.dtype, w.cols);
+    const int64_t rb = RowBytes(w.dtype, w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
       kernels::DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + r * rb, &m[r * w.cols], w.cols);
     }
@@ -221,7 +220,7 @@ TEST(TransformerTest, QuantizedModelTracksReference) {
       err += (got[i] - r) * (got[i] - r);
       norm += r * r;
     }
-    EXPECT_LT(std::sqrt(err / norm), 0.05) << kernels::GetDTypeInfo(t).name;
+    EXPECT_LT(std::sqrt(err / norm), 0.05) << GetDTypeInfo(t).name;
   }
 }
 

@@ -28,7 +28,7 @@
 #include <cstring>
 
 #include "kernels/isa.h"
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::kernels::internal::avx512 {
 

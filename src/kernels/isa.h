@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "kernels/matmul.h"
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::kernels::internal {
 

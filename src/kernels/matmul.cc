@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/check.h"
 #include "kernels/isa.h"
 
 namespace tandem::kernels {
@@ -67,11 +68,9 @@ uint8_t* ThreadScratch(int slot, size_t bytes) {
 void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
   if (m <= 0 || w.rows <= 0) return;
   const int64_t k = w.cols;
-  if (!IsWeightType(w.dtype) || k <= 0 || k % GetDTypeInfo(w.dtype).block_elems != 0) {
-    std::fprintf(stderr, "tandem MatMul: unsupported weight %s with %lld columns\n",
-                 GetDTypeInfo(w.dtype).name, static_cast<long long>(k));
-    std::abort();
-  }
+  TANDEM_CHECK(IsWeightType(w.dtype) && k > 0 && k % GetDTypeInfo(w.dtype).block_elems == 0)
+      << "MatMul: unsupported weight " << GetDTypeInfo(w.dtype).name << " with " << k
+      << " columns";
   const IsaImpl* isa = CurrentIsa();
   const int64_t act_row_bytes = isa->act_row_bytes(w.dtype, k);
   uint8_t* act = internal::ThreadScratch(0, static_cast<size_t>(m * act_row_bytes));

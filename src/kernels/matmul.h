@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "common/thread_pool.h"
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::kernels {
 

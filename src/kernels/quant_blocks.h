@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "common/fp16.h"
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::kernels {
 

@@ -1,10 +1,10 @@
 // Scalar quantization and dequantization of every supported type (ggml block formats), and the
 // scalar activation quantizers whose numerics every ISA path reproduces.
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <cstring>
 
+#include "common/check.h"
 #include "kernels/matmul.h"
 #include "kernels/quant_blocks.h"
 
@@ -291,7 +291,7 @@ void QuantizeActQ8_K(const float* x, BlockQ8_K* y, int64_t k) {
 }
 
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
-  assert(n % GetDTypeInfo(t).block_elems == 0);
+  TANDEM_CHECK(n % GetDTypeInfo(t).block_elems == 0) << GetDTypeInfo(t).name << " n=" << n;
   switch (t) {
     case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
     case DType::kF16: {
@@ -315,7 +315,7 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
 }
 
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
-  assert(n % GetDTypeInfo(t).block_elems == 0);
+  TANDEM_CHECK(n % GetDTypeInfo(t).block_elems == 0) << GetDTypeInfo(t).name << " n=" << n;
   switch (t) {
     case DType::kF32: std::memcpy(dst, src, n * sizeof(float)); return;
     case DType::kF16: {

@@ -30,7 +30,7 @@ class Reader {
     return OkStatus();
   }
   Status ReadString(std::string* out, const char* what) {
-    uint64_t len;
+    uint64_t len = 0;
     TANDEM_RETURN_IF_ERROR(Read(&len, what));
     if (len > remaining()) {
       return DataLoss(std::string(what) + ": string length " + std::to_string(len) +
@@ -65,7 +65,7 @@ size_t MinEncodedSize(GgufValueType t) {
 
 template <typename T, typename Wide>
 Status ReadScalar(Reader& r, GgufValue* v, const char* what) {
-  T x;
+  T x{};
   TANDEM_RETURN_IF_ERROR(r.Read(&x, what));
   v->value = static_cast<Wide>(x);
   return OkStatus();
@@ -86,7 +86,7 @@ Status ReadValue(Reader& r, GgufValueType type, GgufValue* v, int depth, const s
     case GgufValueType::kFloat32: return ReadScalar<float, double>(r, v, what);
     case GgufValueType::kFloat64: return ReadScalar<double, double>(r, v, what);
     case GgufValueType::kBool: {
-      uint8_t b;
+      uint8_t b = 0;
       TANDEM_RETURN_IF_ERROR(r.Read(&b, what));
       if (b > 1) return DataLoss("metadata '" + key + "': bool byte is " + std::to_string(b));
       v->value = b != 0;
@@ -100,8 +100,8 @@ Status ReadValue(Reader& r, GgufValueType type, GgufValue* v, int depth, const s
     }
     case GgufValueType::kArray: {
       if (depth >= kMaxArrayDepth) return DataLoss("metadata '" + key + "': arrays nested too deep");
-      uint32_t elem_raw;
-      uint64_t count;
+      uint32_t elem_raw = 0;
+      uint64_t count = 0;
       TANDEM_RETURN_IF_ERROR(r.Read(&elem_raw, "array element type"));
       TANDEM_RETURN_IF_ERROR(r.Read(&count, "array length"));
       if (elem_raw > static_cast<uint32_t>(GgufValueType::kFloat64)) {
@@ -157,14 +157,14 @@ GgufFile::~GgufFile() {
 
 Status GgufFile::Parse() {
   Reader r(base_, size_);
-  uint32_t magic;
+  uint32_t magic = 0;
   TANDEM_RETURN_IF_ERROR(r.Read(&magic, "magic"));
   if (magic != kMagic) return InvalidArgument("not a GGUF file (bad magic)");
   TANDEM_RETURN_IF_ERROR(r.Read(&version_, "version"));
   if (version_ != 2 && version_ != 3) {
     return Unimplemented("GGUF version " + std::to_string(version_) + " (supported: 2, 3)");
   }
-  uint64_t n_tensors, n_kv;
+  uint64_t n_tensors = 0, n_kv = 0;
   TANDEM_RETURN_IF_ERROR(r.Read(&n_tensors, "tensor count"));
   TANDEM_RETURN_IF_ERROR(r.Read(&n_kv, "metadata count"));
   // Each entry takes at least 12 bytes; reject counts the file cannot hold before allocating.
@@ -174,7 +174,7 @@ Status GgufFile::Parse() {
   }
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key;
-    uint32_t type;
+    uint32_t type = 0;
     TANDEM_RETURN_IF_ERROR(r.ReadString(&key, "metadata key"));
     TANDEM_RETURN_IF_ERROR(r.Read(&type, "metadata type"));
     GgufValue v;
@@ -193,14 +193,14 @@ Status GgufFile::Parse() {
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensor& t = tensors_[i];
     TANDEM_RETURN_IF_ERROR(r.ReadString(&t.name, "tensor name"));
-    uint32_t n_dims;
+    uint32_t n_dims = 0;
     TANDEM_RETURN_IF_ERROR(r.Read(&n_dims, "tensor dimension count"));
     if (n_dims == 0 || n_dims > kMaxDims) {
       return DataLoss("tensor '" + t.name + "' has " + std::to_string(n_dims) + " dimensions");
     }
     t.num_elements = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
-      uint64_t dim;
+      uint64_t dim = 0;
       TANDEM_RETURN_IF_ERROR(r.Read(&dim, "tensor dimension"));
       if (dim == 0 || dim > (uint64_t{1} << 40) ||
           static_cast<uint64_t>(t.num_elements) > (uint64_t{1} << 50) / dim) {
@@ -209,16 +209,16 @@ Status GgufFile::Parse() {
       t.dims.push_back(static_cast<int64_t>(dim));
       t.num_elements *= static_cast<int64_t>(dim);
     }
-    uint32_t type;
+    uint32_t type = 0;
     TANDEM_RETURN_IF_ERROR(r.Read(&type, "tensor type"));
-    auto dtype = kernels::DTypeFromGguf(type);
+    auto dtype = DTypeFromGguf(type);
     if (!dtype) {
       return Unimplemented("tensor '" + t.name + "' has ggml type " + std::to_string(type) +
                            ", which tandem does not support (F32, F16, BF16, Q4_0, Q4_1, Q8_0, "
                            "Q4_K, Q6_K are)");
     }
     t.dtype = *dtype;
-    const auto& info = kernels::GetDTypeInfo(t.dtype);
+    const auto& info = GetDTypeInfo(t.dtype);
     if (t.dims[0] % info.block_elems != 0) {
       return DataLoss("tensor '" + t.name + "': row of " + std::to_string(t.dims[0]) +
                       " elements is not a multiple of the " + info.name + " block size");

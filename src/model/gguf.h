@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::model {
 
@@ -41,7 +41,7 @@ struct GgufValue {
 
 struct GgufTensor {
   std::string name;
-  kernels::DType dtype;
+  DType dtype;
   std::vector<int64_t> dims;  // GGUF order: dims[0] is the innermost (contiguous) dimension
   int64_t num_elements;
   int64_t num_bytes;

@@ -15,7 +15,6 @@
 namespace tandem::model {
 namespace {
 
-using kernels::DType;
 
 class TempFile {
  public:

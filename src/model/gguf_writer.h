@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "kernels/types.h"
+#include "common/dtype.h"
 
 namespace tandem::model {
 
@@ -31,7 +31,7 @@ class GgufWriter {
   void SetFloat32Array(const std::string& key, const std::vector<float>& values);
 
   // dims in GGUF order (dims[0] innermost). bytes.size() must equal the tensor's byte size.
-  Status AddTensor(const std::string& name, kernels::DType dtype, const std::vector<int64_t>& dims,
+  Status AddTensor(const std::string& name, DType dtype, const std::vector<int64_t>& dims,
                    std::vector<uint8_t> bytes);
 
   // The whole file (alignment 32).
@@ -41,7 +41,7 @@ class GgufWriter {
  private:
   struct Tensor {
     std::string name;
-    kernels::DType dtype;
+    DType dtype;
     std::vector<int64_t> dims;
     std::vector<uint8_t> bytes;
   };

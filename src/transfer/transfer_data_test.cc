@@ -176,7 +176,7 @@ TEST_P(DataPath, ConcurrentBatchesFromSeveralThreads) {
         auto id = init_->SubmitBatch(reqs, Clock::now() + 10s);
         if (!id.ok()) continue;
         if (init_->WaitBatch(*id).state == TransferState::kCompleted) completed.fetch_add(1);
-        init_->FreeBatch(*id);
+        EXPECT_TRUE(init_->FreeBatch(*id).ok());
       }
     });
   }

@@ -281,7 +281,13 @@ TEST(UcxTransport, StalledPeerHitsTheDeadlineThenRecovers) {
   auto seg = initiator->Open(desc);
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
   std::vector<char> local(1 << 20, 'y');
-  kill(pid, SIGSTOP);
+  // kill() only queues the stop: the child's threads halt when each is next scheduled, and on a
+  // busy machine its progress thread could still serve the write below. Wait until the whole
+  // child has stopped.
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, WUNTRACED), pid);
+  ASSERT_TRUE(WIFSTOPPED(wstatus)) << "child did not stop: status " << wstatus;
   {
     Completions c(1);
     const auto start = Clock::now();

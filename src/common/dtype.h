@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace tandem::kernels {
+namespace tandem {
 
 enum class DType : uint32_t {
   kF32 = 0,
@@ -36,4 +36,4 @@ inline int64_t RowBytes(DType t, int64_t n) {
   return n / info.block_elems * info.block_bytes;
 }
 
-}  // namespace tandem::kernels
+}  // namespace tandem

@@ -1,8 +1,10 @@
-#include "kernels/types.h"
+#include "common/dtype.h"
+
+#include "common/check.h"
 
 #include <cstdlib>
 
-namespace tandem::kernels {
+namespace tandem {
 
 std::optional<DType> DTypeFromGguf(uint32_t ggml_type) {
   switch (ggml_type) {
@@ -43,7 +45,8 @@ const DTypeInfo& GetDTypeInfo(DType t) {
     case DType::kQ6_K: return kQ6_K;
     case DType::kQ8_K: return kQ8_K;
   }
-  std::abort();  // not a DType value
+  TANDEM_CHECK(false) << "not a DType value: " << static_cast<int>(t);
+  return kF32;
 }
 
-}  // namespace tandem::kernels
+}  // namespace tandem
