@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "kernels/cpu_isa.h"
 
 namespace {
 
@@ -97,7 +98,7 @@ __attribute__((target("avx2,fma"))) double FmaLoop256(int64_t iters) {
 }
 
 double MeasurePeakFlops(tandem::ThreadPool& pool) {
-  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx512 = tandem::kernels::DetectedCpuFeatures().avx512;
   const int64_t iters = 20'000'000;
   const double flops_per_iter = 12.0 * (avx512 ? 16 : 8) * 2;
   std::vector<double> best;

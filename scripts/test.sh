@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh) and runs the whole default test suite.
+# Sets up (scripts/setup.sh; warnings are errors), checks formatting and lock annotations, and
+# runs the whole default test suite. `ctest --test-dir build -L unit` is the quick loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+TANDEM_CMAKE_ARGS="-DTANDEM_WERROR=ON" scripts/setup.sh
+scripts/check_format.sh
+scripts/check_thread_safety.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600

@@ -1,186 +1,26 @@
 #include "engine/attention.h"
 
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <string>
 #include <vector>
 
-#include "common/fp16.h"
-#include "engine/simd_exp.h"
-
 namespace tandem::engine {
-namespace {
-
-constexpr int kMaxGroup = 16;  // query heads per kv head
-constexpr int kMaxHeadDim = 256;
-constexpr int kMaxRows = kMaxAttentionTile * kMaxGroup;
-
-// Running state of one query row (one token, one query head).
-struct RowState {
-  float max;
-  float sum;
-};
-
-// Portable path. Keys of a block are stored (head_dim, block_tokens): k[d * bt + j].
-void TileScalar(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head, const float* q,
-                int64_t q_stride, float* out, int64_t out_stride) {
-  const KvCacheShape& sh = a.kv->shape();
-  const int hd = sh.head_dim, bt = sh.block_tokens, g = a.n_heads / sh.n_kv_heads;
-  const int rows = n_tokens * g;
-  thread_local std::vector<float> acc_buf;
-  acc_buf.assign(static_cast<size_t>(rows) * hd, 0.0f);
-  float* acc = acc_buf.data();
-  RowState st[kMaxRows];
-  for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
-  thread_local std::vector<float> s, kf, vf;  // (bt), (hd, bt), (bt, hd) block scratch
-  s.resize(bt);
-  kf.resize(static_cast<size_t>(hd) * bt);
-  vf.resize(static_cast<size_t>(bt) * hd);
-  const int last_pos = first_pos + n_tokens - 1;
-  for (int start = 0, bi = 0; start <= last_pos; start += bt, ++bi) {
-    const int32_t block = a.block_table[bi];
-    const uint16_t* kh = a.kv->Keys(block, a.layer, kv_head);
-    const uint16_t* vh = a.kv->Values(block, a.layer, kv_head);
-    const int n_block = std::min(bt, last_pos + 1 - start);
-    for (int i = 0; i < hd * bt; ++i) kf[i] = Fp16ToFp32(kh[i]);
-    for (int i = 0; i < n_block * hd; ++i) vf[i] = Fp16ToFp32(vh[i]);
-    for (int t = 0; t < n_tokens; ++t) {
-      const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
-      if (n <= 0) continue;
-      for (int gi = 0; gi < g; ++gi) {
-        const int r = t * g + gi;
-        const float* qr = q + t * q_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
-        float m = st[r].max;
-        for (int j = 0; j < n; ++j) {
-          float dot = 0;
-          for (int d = 0; d < hd; ++d) dot += qr[d] * kf[d * bt + j];
-          s[j] = dot * a.scale;
-          m = std::max(m, s[j]);
-        }
-        const float corr = std::exp(st[r].max - m);
-        float sum = 0;
-        float* ar = acc + r * hd;
-        for (int d = 0; d < hd; ++d) ar[d] *= corr;
-        for (int j = 0; j < n; ++j) {
-          const float p = std::exp(s[j] - m);
-          sum += p;
-          for (int d = 0; d < hd; ++d) ar[d] += p * vf[j * hd + d];
-        }
-        st[r] = {m, st[r].sum * corr + sum};
-      }
-    }
-  }
-  for (int t = 0; t < n_tokens; ++t) {
-    for (int gi = 0; gi < g; ++gi) {
-      const int r = t * g + gi;
-      float* o = out + t * out_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
-      const float inv = 1.0f / st[r].sum;
-      for (int d = 0; d < hd; ++d) o[d] = acc[r * hd + d] * inv;
-    }
-  }
-}
-
-// AVX-512 path for block_tokens == 16 and head_dim % 16 == 0 (<= 256): one block's 16 scores
-// of a query row are one register (keys stored (head_dim, 16), so score = sum_d q[d] * K[d,:]).
-__attribute__((target("avx512f,f16c,fma"))) void Tile512(const AttentionArgs& a, int first_pos,
-                                                         int n_tokens, int kv_head, const float* q,
-                                                         int64_t q_stride, float* out,
-                                                         int64_t out_stride) {
-  const KvCacheShape& sh = a.kv->shape();
-  const int hd = sh.head_dim, g = a.n_heads / sh.n_kv_heads;
-  const int rows = n_tokens * g;
-  const int nv = hd / 16;  // vectors per head row
-  // (rows, head_dim) accumulators.
-  thread_local std::vector<float> acc_buf;
-  acc_buf.assign(static_cast<size_t>(rows) * hd, 0.0f);
-  float* acc = acc_buf.data();
-  alignas(64) float kf[kMaxHeadDim * 16];
-  alignas(64) float vf[16 * kMaxHeadDim];
-  RowState st[kMaxRows];
-  for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
-  const __m512 scale = _mm512_set1_ps(a.scale);
-  const int last_pos = first_pos + n_tokens - 1;
-  for (int start = 0, bi = 0; start <= last_pos; start += 16, ++bi) {
-    const int32_t block = a.block_table[bi];
-    const uint16_t* kh = a.kv->Keys(block, a.layer, kv_head);
-    const uint16_t* vh = a.kv->Values(block, a.layer, kv_head);
-    const int n_block = std::min(16, last_pos + 1 - start);
-    for (int d = 0; d < hd; ++d) {
-      _mm512_store_ps(
-          kf + d * 16,
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kh + d * 16))));
-    }
-    for (int i = 0; i < n_block * hd; i += 16) {
-      _mm512_store_ps(
-          vf + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vh + i))));
-    }
-    for (int t = 0; t < n_tokens; ++t) {
-      const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
-      if (n <= 0) continue;
-      const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
-      for (int gi = 0; gi < g; ++gi) {
-        const int r = t * g + gi;
-        const float* qr = q + t * q_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
-        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d += 2) {
-          s0 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_load_ps(kf + d * 16), s0);
-          s1 = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_load_ps(kf + (d + 1) * 16), s1);
-        }
-        const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY),
-                                              _mm512_mul_ps(_mm512_add_ps(s0, s1), scale));
-        const float m = std::max(st[r].max, _mm512_reduce_max_ps(s));
-        const float corr = std::exp(st[r].max - m);
-        const __m512 p =
-            _mm512_maskz_mov_ps(valid, internal::Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
-        st[r] = {m, st[r].sum * corr + _mm512_reduce_add_ps(p)};
-        alignas(64) float pj[16];
-        _mm512_store_ps(pj, p);
-        float* ar = acc + r * hd;
-        for (int v = 0; v < nv; ++v) {
-          __m512 av = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * v), _mm512_set1_ps(corr));
-          for (int j = 0; j < n; ++j) {
-            av = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_load_ps(vf + j * hd + 16 * v), av);
-          }
-          _mm512_storeu_ps(ar + 16 * v, av);
-        }
-      }
-    }
-  }
-  for (int t = 0; t < n_tokens; ++t) {
-    for (int gi = 0; gi < g; ++gi) {
-      const int r = t * g + gi;
-      float* o = out + t * out_stride + (static_cast<int64_t>(kv_head) * g + gi) * hd;
-      const __m512 inv = _mm512_set1_ps(1.0f / st[r].sum);
-      for (int v = 0; v < nv; ++v) {
-        _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc + r * hd + 16 * v), inv));
-      }
-    }
-  }
-}
-
-bool CpuHasAvx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") &&
-         __builtin_cpu_supports("fma");
-}
-bool g_use_avx512 = CpuHasAvx512();
-
-}  // namespace
-
-void SetAttentionIsa(const char* isa) {
-  g_use_avx512 = std::string(isa) == "avx512" && CpuHasAvx512();
-}
 
 void AttendTile(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head, const float* q,
                 int64_t q_stride, float* out, int64_t out_stride) {
   const KvCacheShape& sh = a.kv->shape();
-  if (g_use_avx512 && sh.block_tokens == 16 && sh.head_dim % 16 == 0) {
-    Tile512(a, first_pos, n_tokens, kv_head, q, q_stride, out, out_stride);
-  } else {
-    TileScalar(a, first_pos, n_tokens, kv_head, q, q_stride, out, out_stride);
+  const int group = a.n_heads / sh.n_kv_heads;
+  const int n_blocks = (first_pos + n_tokens - 1) / sh.block_tokens + 1;
+  thread_local std::vector<const uint16_t*> keys, values;
+  keys.resize(n_blocks);
+  values.resize(n_blocks);
+  for (int b = 0; b < n_blocks; ++b) {
+    keys[b] = a.kv->Keys(a.block_table[b], a.layer, kv_head);
+    values[b] = a.kv->Values(a.block_table[b], a.layer, kv_head);
   }
+  const kernels::AttentionTile tile{keys.data(), values.data(), sh.head_dim, sh.block_tokens,
+                                    group, a.scale};
+  const int64_t head_offset = static_cast<int64_t>(kv_head) * group * sh.head_dim;
+  kernels::AttendTile(tile, first_pos, n_tokens, q + head_offset, q_stride, out + head_offset,
+                      out_stride);
 }
 
 }  // namespace tandem::engine

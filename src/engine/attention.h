@@ -1,16 +1,17 @@
-// Causal attention of query tokens over a sequence's paged KV cache (fp16 K/V, fp32 math).
-//
-// Flash-attention style: key/value blocks are streamed once per tile of query tokens with an
-// online softmax, so scratch does not grow with the context and each cached block is converted
-// from fp16 once per tile rather than once per query.
+// Causal attention of query tokens over a sequence's paged KV cache: the engine's side of
+// kernels/attention.h (which holds the math and its vector paths). This file only turns a
+// block table into the kernel's per-block pointers.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "engine/kv_cache.h"
+#include "kernels/attention.h"
 
 namespace tandem::engine {
+
+using kernels::kMaxAttentionTile;
 
 struct AttentionArgs {
   PagedKvCache* kv;
@@ -25,13 +26,8 @@ struct AttentionArgs {
 //   q:   token t's queries at q + t * q_stride, laid out (n_heads, head_dim) fp32
 //   out: token t's output at out + t * out_stride, same layout; only this kv group's heads
 //        are written
-// n_tokens <= kMaxAttentionTile.
-constexpr int kMaxAttentionTile = 16;
+// n_tokens <= kMaxAttentionTile. Thread-safe for distinct outputs.
 void AttendTile(const AttentionArgs& args, int first_pos, int n_tokens, int kv_head,
                 const float* q, int64_t q_stride, float* out, int64_t out_stride);
-
-// Selects the AVX-512 path when the CPU has it ("avx512") or forces the portable one
-// ("scalar"); for tests.
-void SetAttentionIsa(const char* isa);
 
 }  // namespace tandem::engine

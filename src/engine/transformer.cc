@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "common/fp16.h"
-#include "engine/activations.h"
+#include "kernels/activations.h"
 #include "engine/attention.h"
 #include "kernels/matmul.h"
 
@@ -212,7 +212,7 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     kernels::MatMul(L.w_gate, xn_.data(), T, gate_.data(), pool_);
     kernels::MatMul(L.w_up, xn_.data(), T, up_.data(), pool_);
     ParallelRows(T, [&](int64_t b, int64_t e) {
-      SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], (e - b) * c.ffn_dim);
+      kernels::SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], (e - b) * c.ffn_dim);
     });
     kernels::MatMul(L.w_down, gate_.data(), T, xn_.data(), pool_);
     for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/gemm_driver.h"
 #include "kernels/isa.h"
 #include "common/dtype.h"
 
@@ -34,9 +35,7 @@ namespace tandem::kernels::internal::avx512 {
 
 inline constexpr int kTileRows = 4;  // weight rows per packed tile
 
-inline bool IsFloat(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
+inline bool IsFloat(DType t) { return IsFloatType(t); }
 
 struct QLayout {
   int64_t k16;     // k rounded up to 16 (float types)

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "common/fp16.h"
+#include "kernels/gemm_driver.h"
 #include "kernels/isa.h"
 #include "kernels/quant_blocks.h"
 
@@ -25,7 +26,6 @@ namespace {
 
 constexpr int kTileRows = 4;
 constexpr int kMaxCols = 2;                    // activation rows per microkernel call
-constexpr int64_t kActChunkBytes = 384 << 10;  // activation rows per pass stay in L2
 
 struct Layout {
   int64_t k8, nb, nb8;
@@ -38,7 +38,7 @@ struct Layout {
   int64_t w_bytes() const { return RoundUp(nb * 64 + nb8 * 4, 64); }
 };
 
-bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+bool IsFloat(DType t) { return IsFloatType(t); }
 
 inline __m256i LoadI(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void StoreI(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
@@ -374,41 +374,19 @@ const KernelFn* KernelsFor(DType t) {
 
 void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m, int64_t r0,
           int64_t r1, float* y, int64_t ldy) {
-  const DType t = w.dtype;
-  const int64_t k = w.cols;
-  const Layout L(k);
-  const int64_t src_row_bytes = RowBytes(t, k);
-  const int64_t tile_row_bytes = IsFloat(t) ? RoundUp(k, 16) * 4 : L.w_bytes();
-  uint8_t* tile = ThreadScratch(1, kTileRows * tile_row_bytes);
-  const KernelFn* kernels = KernelsFor(t);
-  const int64_t chunk = std::max<int64_t>(kMaxCols, kActChunkBytes / act_row_bytes);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  for (int64_t c0 = 0; c0 < m; c0 += chunk) {
-    const int64_t c1 = std::min(m, c0 + chunk);
-    for (int64_t rr = r0; rr < r1; rr += kTileRows) {
-      const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
-      for (int i = 0; i < kTileRows; ++i) {
-        uint8_t* dst = tile + i * tile_row_bytes;
-        if (i < nr) {
-          PackRow(t, src + (rr + i) * src_row_bytes, k, dst);
-        } else {
-          std::memset(dst, 0, tile_row_bytes);
-        }
-      }
-      for (int64_t c = c0; c < c1; c += kMaxCols) {
-        const int nc = static_cast<int>(std::min<int64_t>(kMaxCols, c1 - c));
-        kernels[nc - 1](tile, tile_row_bytes, act + c * act_row_bytes, act_row_bytes, L,
-                        y + c * ldy + rr, ldy, nr);
-      }
-    }
-  }
+  const Layout L(w.cols);
+  const int64_t tile_row_bytes = IsFloat(w.dtype) ? RoundUp(w.cols, 16) * 4 : L.w_bytes();
+  const GemmParts<Layout> parts{L, tile_row_bytes, KernelsFor(w.dtype), PackRow};
+  TiledGemm<kTileRows, kMaxCols>(parts, w, act, act_row_bytes, m, r0, r1, y, ldy);
 }
 
 }  // namespace
 }  // namespace avx2
 
 const IsaImpl* Avx2Isa() {
-  static const IsaImpl impl{"avx2", avx2::ActRowBytes, avx2::QuantizeAct, avx2::Gemm};
+  // No AVX2 attention or activation kernels yet: those entries are the scalar ones.
+  static const IsaImpl impl{"avx2",     avx2::ActRowBytes, avx2::QuantizeAct,
+                            avx2::Gemm, SiluMulScalar,     AttendTileScalar};
   return &impl;
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "kernels/avx512_layout.h"
+#include "kernels/gemm_driver.h"
 #include "kernels/isa.h"
 #include "kernels/quant_blocks.h"
 
@@ -20,7 +21,6 @@ namespace tandem::kernels::internal {
 namespace avx512 {
 namespace {
 
-constexpr int64_t kActChunkBytes = 384 << 10;  // activation rows per pass stay in L2
 
 inline __m512i Load(const void* p) { return _mm512_loadu_si512(p); }
 inline void Store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
@@ -265,41 +265,19 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
           int64_t r1, float* y, int64_t ldy) {
   static constexpr KernelFn kQ[4] = {QKernel<1>, QKernel<2>, QKernel<3>, QKernel<4>};
   static constexpr KernelFn kF[4] = {FKernel<1>, FKernel<2>, FKernel<3>, FKernel<4>};
-  const DType t = w.dtype;
-  const int64_t k = w.cols;
-  const QLayout L(k, t);
-  const int64_t src_row_bytes = RowBytes(t, k);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  const int64_t tile_row_bytes = IsFloat(t) ? L.k16 * 4 : L.w_bytes();
-  uint8_t* tile = ThreadScratch(1, kTileRows * tile_row_bytes);
-  const KernelFn* kernels = IsFloat(t) ? kF : kQ;
-  const int64_t chunk = std::max<int64_t>(4, kActChunkBytes / act_row_bytes / 4 * 4);
-  for (int64_t c0 = 0; c0 < m; c0 += chunk) {
-    const int64_t c1 = std::min(m, c0 + chunk);
-    for (int64_t rr = r0; rr < r1; rr += kTileRows) {
-      const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
-      for (int i = 0; i < kTileRows; ++i) {
-        uint8_t* dst = tile + i * tile_row_bytes;
-        if (i < nr) {
-          PackRow(t, src + (rr + i) * src_row_bytes, k, dst);
-        } else {
-          std::memset(dst, 0, tile_row_bytes);
-        }
-      }
-      for (int64_t c = c0; c < c1; c += 4) {
-        const int nc = static_cast<int>(std::min<int64_t>(4, c1 - c));
-        kernels[nc - 1](tile, tile_row_bytes, act + c * act_row_bytes, act_row_bytes, L,
-                        y + c * ldy + rr, ldy, nr);
-      }
-    }
-  }
+  const QLayout L(w.cols, w.dtype);
+  const bool is_float = IsFloat(w.dtype);
+  const GemmParts<QLayout> parts{L, is_float ? L.k16 * 4 : L.w_bytes(), is_float ? kF : kQ,
+                                 PackRow};
+  TiledGemm<kTileRows, 4>(parts, w, act, act_row_bytes, m, r0, r1, y, ldy);
 }
 
 }  // namespace
 }  // namespace avx512
 
 const IsaImpl* Avx512Isa() {
-  static const IsaImpl impl{"avx512", avx512::ActRowBytes, avx512::QuantizeAct, avx512::Gemm};
+  static const IsaImpl impl{"avx512",     avx512::ActRowBytes, avx512::QuantizeAct,
+                            avx512::Gemm, SiluMulAvx512,       AttendTileAvx512};
   return &impl;
 }
 

@@ -1,5 +1,7 @@
-// Internal interface between matmul.cc (dispatch, threading) and the per-instruction-set
-// implementations (dot_scalar.cc, dot_avx2.cc, dot_avx512.cc).
+// Internal header (kernels only). The per-instruction-set table behind every SIMD kernel:
+// matmul.cc (dispatch, threading), attention.cc and activations.cc call through it; the
+// implementations live in dot_scalar.cc, dot_avx2.cc, dot_avx512.cc, attention_*.cc and
+// activations_*.cc. cpu_isa.cc picks the table (one switch for the whole process).
 //
 // MatMul converts each activation row once per call into an ISA-private layout of
 // act_row_bytes(w.dtype, k) bytes (a multiple of 64), then runs gemm over ranges of output rows
@@ -10,8 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/matmul.h"
 #include "common/dtype.h"
+#include "kernels/activations.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
 
 namespace tandem::kernels::internal {
 
@@ -25,11 +29,34 @@ struct IsaImpl {
   // act holds m converted rows, act_row_bytes apart.
   void (*gemm)(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m,
                int64_t r0, int64_t r1, float* y, int64_t ldy);
+  // kernels/activations.h SiluMul.
+  void (*silu_mul)(float* gate, const float* up, int64_t n);
+  // kernels/attention.h AttendTile (falls back to the scalar path for shapes it lacks).
+  void (*attend_tile)(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                      int64_t q_stride, float* out, int64_t out_stride);
 };
+
+// The table in use (forced or detected; cpu_isa.cc).
+const IsaImpl* CurrentIsa();
 
 const IsaImpl* ScalarIsa();
 const IsaImpl* Avx2Isa();
 const IsaImpl* Avx512Isa();
+
+// Kernels the tables share or point at.
+
+// Running online-softmax state of one attention query row (one token, one query head).
+struct AttentionRowState {
+  float max;
+  float sum;
+};
+constexpr int kMaxAttentionRows = kMaxAttentionTile * kMaxAttentionGroup;
+
+void SiluMulAvx512(float* gate, const float* up, int64_t n);
+void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                      int64_t q_stride, float* out, int64_t out_stride);
+void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                      int64_t q_stride, float* out, int64_t out_stride);
 
 // A growable, 64-byte aligned buffer private to the calling thread; `slot` tells independent
 // buffers apart (0: activations in MatMul, 1: weight tiles in gemm). Contents are not kept

@@ -2,7 +2,6 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,32 +15,7 @@ namespace {
 
 using internal::IsaImpl;
 
-bool CpuHasAvx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
-
-bool CpuHasAvx512() {
-  __builtin_cpu_init();
-  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
-}
-
-const IsaImpl* DetectedIsa() {
-  static const IsaImpl* const isa = CpuHasAvx512() ? internal::Avx512Isa()
-                                    : CpuHasAvx2() ? internal::Avx2Isa()
-                                                   : internal::ScalarIsa();
-  return isa;
-}
-
-std::atomic<const IsaImpl*> g_forced{nullptr};
-
-const IsaImpl* CurrentIsa() {
-  const IsaImpl* forced = g_forced.load(std::memory_order_relaxed);
-  return forced != nullptr ? forced : DetectedIsa();
-}
+using internal::CurrentIsa;
 
 bool IsWeightType(DType t) { return t != DType::kQ8_1 && t != DType::kQ8_K; }
 
@@ -96,26 +70,6 @@ void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool
   } else {
     gemm(0, w.rows, 0);
   }
-}
-
-const char* ActiveIsa() { return CurrentIsa()->name; }
-
-bool ForceIsa(const char* isa) {
-  if (isa == nullptr || std::strcmp(isa, "auto") == 0) {
-    g_forced.store(nullptr);
-    return true;
-  }
-  const IsaImpl* impl = nullptr;
-  if (std::strcmp(isa, "scalar") == 0) {
-    impl = internal::ScalarIsa();
-  } else if (std::strcmp(isa, "avx2") == 0 && CpuHasAvx2()) {
-    impl = internal::Avx2Isa();
-  } else if (std::strcmp(isa, "avx512") == 0 && CpuHasAvx512()) {
-    impl = internal::Avx512Isa();
-  }
-  if (impl == nullptr) return false;
-  g_forced.store(impl);
-  return true;
 }
 
 }  // namespace tandem::kernels

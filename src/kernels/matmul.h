@@ -2,8 +2,8 @@
 //
 // Weights stay in their GGUF block format; activations are quantized once per call to the
 // matching "dot" type (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for K-quants, F16/BF16/F32 kept
-// as is), then dot products run over the blocks directly. Runtime dispatch picks AVX-512 or AVX2
-// code paths (scalar reference always available for tests).
+// as is), then dot products run over the blocks directly. Runtime dispatch (kernels/cpu_isa.h)
+// picks AVX-512 or AVX2 code paths (scalar reference always available for tests).
 //
 // Numerics follow llama.cpp's CPU backend on x86: activation blocks are quantized exactly as its
 // AVX2 quantizers do (Q8_0/Q8_1: d = amax/127 stored fp16, q = round-half-even(x * 127/amax),
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/thread_pool.h"
+#include "kernels/cpu_isa.h"  // ActiveIsa, ForceIsa: which path MatMul takes
 #include "common/dtype.h"
 
 namespace tandem::kernels {
@@ -43,11 +44,5 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // reference quantizers; Q4_K / Q6_K use a simple scale choice (valid format, not llama.cpp's
 // error-optimal search); Q8_0 / Q8_1 / Q8_K are the activation quantizers described above.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
-
-// Which vector instruction set MatMul uses: "avx512", "avx2" or "scalar".
-const char* ActiveIsa();
-// Forces an instruction set (for tests and benchmarks); returns false if the CPU lacks it.
-// "auto" (or nullptr) returns to the detected one. Process-wide; not for use during a MatMul.
-bool ForceIsa(const char* isa);
 
 }  // namespace tandem::kernels

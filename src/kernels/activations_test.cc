@@ -1,4 +1,4 @@
-#include "engine/activations.h"
+#include "kernels/activations.h"
 
 #include <cmath>
 #include <random>
@@ -6,10 +6,21 @@
 
 #include <gtest/gtest.h>
 
-namespace tandem::engine {
+#include "kernels/cpu_isa.h"
+
+namespace tandem::kernels {
 namespace {
 
+// The vector path against the scalar reference (only AVX-512 has one: the avx2 table runs the
+// scalar SiLU); skipped, not passed, on a CPU without it, where it would compare the reference
+// with itself.
 TEST(ActivationsTest, VectorSiluMatchesScalar) {
+  int compared = 0;
+  for (const char* isa : {"avx512"}) {
+    ScopedIsa forced(isa);
+    if (!forced.ok()) continue;
+    ++compared;
+    SCOPED_TRACE(isa);
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-30.0f, 30.0f);
   for (int64_t n : {1, 15, 16, 17, 1000}) {
@@ -24,7 +35,9 @@ TEST(ActivationsTest, VectorSiluMatchesScalar) {
       ASSERT_NEAR(a[i], b[i], 1e-6f * std::max(1.0f, std::fabs(b[i]))) << g[i];
     }
   }
+  }
+  if (compared == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
 }
 
 }  // namespace
-}  // namespace tandem::engine
+}  // namespace tandem::kernels

@@ -1,14 +1,15 @@
-// Vector exp for AVX-512 code of the engine (activations, attention). Internal header: include
-// only from translation units whose callers check the CPU for AVX-512 first.
+// Internal header (kernels only). Vector exp for the AVX-512 kernels (activations, attention):
+// include only from translation units built with the AVX-512 flags and reached through the
+// avx512 table.
 #pragma once
 
 #include <immintrin.h>
 
-namespace tandem::engine::internal {
+namespace tandem::kernels::internal {
 
 // exp(x) for 16 floats: x = n ln2 + r with |r| <= ln2/2, exp(r) by a degree-6 polynomial, 2^n
 // by scalef. Relative error ~2e-7. Inputs below -87.3 give ~0 and above 88.7 are clamped.
-__attribute__((target("avx512f"))) inline __m512 Exp16(__m512 x) {
+inline __m512 Exp16(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -24,4 +25,4 @@ __attribute__((target("avx512f"))) inline __m512 Exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-}  // namespace tandem::engine::internal
+}  // namespace tandem::kernels::internal

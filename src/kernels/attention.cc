@@ -1,0 +1,78 @@
+// AttendTile: dispatch through the ISA table, and the portable path.
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/fp16.h"
+#include "kernels/isa.h"
+
+namespace tandem::kernels {
+
+void AttendTile(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                int64_t q_stride, float* out, int64_t out_stride) {
+  internal::CurrentIsa()->attend_tile(a, first_pos, n_tokens, q, q_stride, out, out_stride);
+}
+
+namespace internal {
+
+// Portable path. Keys of a block are stored (head_dim, block_tokens): k[d * bt + j].
+void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                int64_t q_stride, float* out, int64_t out_stride) {
+  const int hd = a.head_dim, bt = a.block_tokens, g = a.group;
+  const int rows = n_tokens * g;
+  thread_local std::vector<float> acc_buf;
+  acc_buf.assign(static_cast<size_t>(rows) * hd, 0.0f);
+  float* acc = acc_buf.data();
+  AttentionRowState st[kMaxAttentionRows];
+  for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
+  thread_local std::vector<float> s, kf, vf;  // (bt), (hd, bt), (bt, hd) block scratch
+  s.resize(bt);
+  kf.resize(static_cast<size_t>(hd) * bt);
+  vf.resize(static_cast<size_t>(bt) * hd);
+  const int last_pos = first_pos + n_tokens - 1;
+  for (int start = 0, bi = 0; start <= last_pos; start += bt, ++bi) {
+    const uint16_t* kh = a.keys[bi];
+    const uint16_t* vh = a.values[bi];
+    const int n_block = std::min(bt, last_pos + 1 - start);
+    for (int i = 0; i < hd * bt; ++i) kf[i] = Fp16ToFp32(kh[i]);
+    for (int i = 0; i < n_block * hd; ++i) vf[i] = Fp16ToFp32(vh[i]);
+    for (int t = 0; t < n_tokens; ++t) {
+      const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
+      if (n <= 0) continue;
+      for (int gi = 0; gi < g; ++gi) {
+        const int r = t * g + gi;
+        const float* qr = q + t * q_stride + static_cast<int64_t>(gi) * hd;
+        float m = st[r].max;
+        for (int j = 0; j < n; ++j) {
+          float dot = 0;
+          for (int d = 0; d < hd; ++d) dot += qr[d] * kf[d * bt + j];
+          s[j] = dot * a.scale;
+          m = std::max(m, s[j]);
+        }
+        const float corr = std::exp(st[r].max - m);
+        float sum = 0;
+        float* ar = acc + r * hd;
+        for (int d = 0; d < hd; ++d) ar[d] *= corr;
+        for (int j = 0; j < n; ++j) {
+          const float p = std::exp(s[j] - m);
+          sum += p;
+          for (int d = 0; d < hd; ++d) ar[d] += p * vf[j * hd + d];
+        }
+        st[r] = {m, st[r].sum * corr + sum};
+      }
+    }
+  }
+  for (int t = 0; t < n_tokens; ++t) {
+    for (int gi = 0; gi < g; ++gi) {
+      const int r = t * g + gi;
+      float* o = out + t * out_stride + static_cast<int64_t>(gi) * hd;
+      const float inv = 1.0f / st[r].sum;
+      for (int d = 0; d < hd; ++d) o[d] = acc[r * hd + d] * inv;
+    }
+  }
+}
+
+}  // namespace internal
+}  // namespace tandem::kernels

@@ -1,0 +1,41 @@
+// The one instruction-set switch of the kernels. Every SIMD kernel (MatMul, attention, the FFN
+// activation) runs through one per-ISA table (kernels/isa.h), picked here: the best the CPU
+// has, unless forced (tests, benchmarks). Process-wide.
+#pragma once
+
+namespace tandem::kernels {
+
+// What the CPU can run, detected once (cpuid via __builtin_cpu_supports).
+struct CpuFeatures {
+  bool avx2 = false;         // AVX2 + FMA + F16C: the "avx2" path
+  bool avx512 = false;       // + AVX-512 F/BW/VL/DQ/VNNI: the "avx512" path
+  bool avx512_bf16 = false;  // AVX-512 BF16 dot products (reported; no kernel uses them yet)
+  bool avx512_fp16 = false;  // AVX-512 FP16 arithmetic (reported; no kernel uses them yet)
+};
+const CpuFeatures& DetectedCpuFeatures();
+
+// The instruction set the kernels use now: "avx512", "avx2" or "scalar".
+const char* ActiveIsa();
+
+// Forces an instruction set: "scalar", "avx2", "avx512"; "auto" or nullptr returns to the
+// detected one. Returns false (and changes nothing) for a name the CPU cannot run. Not to be
+// called while kernels run on other threads.
+bool ForceIsa(const char* isa);
+
+// Forces an instruction set for a scope (tests) and restores the previous choice on exit, even
+// when a test assertion returns early. ok() is false when the CPU lacks it (then nothing
+// changed: GTEST_SKIP or compare against the scalar path only).
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(const char* isa);
+  ~ScopedIsa();
+  ScopedIsa(const ScopedIsa&) = delete;
+  ScopedIsa& operator=(const ScopedIsa&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  const void* previous_;  // the forced table before, or null for "auto"
+  bool ok_;
+};
+
+}  // namespace tandem::kernels
