@@ -1,8 +1,6 @@
 // `tandem generate`: one prompt in, generated text out (stdout), timings on stderr.
 #pragma once
 
-#include <signal.h>
-
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -26,11 +24,5 @@ struct GenerateFlags {
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.
 CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags& flags);
 int RunGenerate(const GenerateFlags& flags);
-
-std::string DefaultModelPath();
-// Blocks SIGINT and SIGTERM in this thread (call before starting threads, so that only sigwait
-// takes them) and ignores SIGPIPE; returns the blocked set.
-sigset_t BlockTerminationSignals();
-int DefaultThreads();
 
 }  // namespace tandem::app

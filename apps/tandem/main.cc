@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   CLI::App* profile_cmd = tandem::app::AddProfileCommand(app, profile);
   tandem::app::BenchFlags bench;
   CLI::App* bench_cmd = tandem::app::AddBenchCommand(app, bench);
-  tandem::app::TransferBenchFlags transfer_bench;
+  tandem::bench::TransferBenchOptions transfer_bench;
   CLI::App* transfer_bench_cmd = tandem::app::AddTransferBenchCommand(app, transfer_bench);
   tandem::app::SimulateFlags simulate;
   CLI::App* simulate_cmd = tandem::app::AddSimulateCommand(app, simulate);
@@ -47,6 +47,6 @@ int main(int argc, char** argv) {
   if (profile_cmd->parsed()) return tandem::app::RunProfile(profile);
   if (bench_cmd->parsed()) return tandem::app::RunBench(bench);
   if (simulate_cmd->parsed()) return tandem::app::RunSimulate(simulate);
-  if (transfer_bench_cmd->parsed()) return tandem::app::RunTransferBench(transfer_bench);
+  if (transfer_bench_cmd->parsed()) return tandem::bench::RunTransferBench(transfer_bench);
   return 2;
 }

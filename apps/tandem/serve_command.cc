@@ -16,7 +16,7 @@
 #include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
-#include "generate_command.h"
+#include "app_util.h"
 #include "server/http_server.h"
 #include "serving/local_backend.h"
 #include "transfer/metadata.h"
@@ -31,9 +31,11 @@ Clock::time_point After(double seconds) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-// KV bytes per token: K and V, fp16, every layer.
+// KV bytes per token of the model (the KV layout's own formula).
 int64_t KvBytesPerToken(const model::LlamaConfig& c) {
-  return int64_t{2} * c.n_layers * c.n_kv_heads * c.head_dim * 2;
+  return engine::KvCacheShape{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads,
+                              .head_dim = c.head_dim}
+      .BytesPerToken();
 }
 
 }  // namespace
@@ -42,12 +44,11 @@ namespace {
 
 // The flags `serve` and `conductor` share.
 void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
-  cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
+  AddModelFlag(cmd, f.model);
   cmd->add_option("--host", f.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", f.port, "Port to listen on")->check(CLI::Range(1, 65535))->capture_default_str();
   cmd->add_option("--threads", f.threads, "Engine worker threads (default: all cores)")->check(CLI::Range(1, 256));
-  cmd->add_option("--max-num-seqs", f.max_num_seqs, "Sequences computed at once")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
+  AddSchedulerFlags(cmd, f.knobs);
   auto* kv_tokens = cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens,
                                     "KV-cache capacity in tokens (default: max(16384, --max-model-len))")
                         ->check(CLI::Range(1, 1 << 26));
@@ -55,17 +56,10 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(1, 1 << 22))->excludes(kv_tokens);
   cmd->add_option("--max-model-len", f.max_model_len, "Prompt + completion tokens per request "
                   "(default: the model's context length)")->check(CLI::Range(2, 1 << 24));
-  cmd->add_option("--block-tokens", f.block_tokens, "Tokens per KV block")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per forward step")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--max-waiting", f.max_waiting, "Queued requests beyond this get 429")
-      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   cmd->add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or env TANDEM_API_KEY)");
   cmd->add_option("--served-model-name", f.served_model_name, "Model name clients use (default: file stem)");
   cmd->add_option("--request-timeout-s", f.request_timeout_s, "A request fails after this long")
       ->check(CLI::Range(0.1, 1e6))->capture_default_str();
-  cmd->add_option("--drain-timeout-s", f.drain_timeout_s, "On SIGTERM, time given to in-flight requests")
-      ->check(CLI::Range(0.0, 1e5))->capture_default_str();
   cmd->add_option("--http-threads", f.http_threads, "Connections served at once "
                   "(default: max-num-seqs + max-waiting + 16)")->check(CLI::Range(1, 100000));
   // Scheduling of the disaggregated mode (ignored by --mode colocated).
@@ -100,13 +94,7 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
                   "(default: --threads divided among the workers, at least 1)")->check(CLI::Range(1, 256));
   cmd->add_option("--metadata", f.metadata, "Metadata service for the workers (default: one served "
                   "by this process on loopback; or etcd://HOST:PORT)");
-  cmd->add_option("--transfer-protocols", f.transfer_protocols, "KV transfer protocols by preference")
-      ->capture_default_str();
-  cmd->add_option("--kv-transfer-timeout-s", f.kv_transfer_timeout_s,
-                  "A KV push batch not landed this long after submission fails")
-      ->check(CLI::Range(0.01, 1e5))->capture_default_str();
-  cmd->add_option("--cost-profile", f.cost_profile, "The workers' cost models: auto (saved profile "
-                  "or calibrate at start), calibrate, none, or a profile file")->capture_default_str();
+  AddTransferFlags(cmd, f.knobs);
   return cmd;
 }
 
@@ -155,7 +143,7 @@ int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo
   int rc = 0;
   if (sig > 0) {
     log->info("received {}: draining (new requests get 503), up to {:.0f} s",
-              sig == SIGTERM ? "SIGTERM" : "SIGINT", f.drain_timeout_s);
+              sig == SIGTERM ? "SIGTERM" : "SIGINT", f.knobs.drain_timeout_s);
     // A second signal ends the process at once.
     std::thread([signals] {
       int again = 0;
@@ -167,7 +155,7 @@ int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo
     rc = 1;
   }
   http.BeginDrain();
-  const Clock::time_point deadline = After(f.drain_timeout_s);
+  const Clock::time_point deadline = After(f.knobs.drain_timeout_s);
   backend->Drain(deadline);
   if (!http.WaitIdle(std::max(deadline, Clock::now()) + std::chrono::seconds(5))) {
     log->warn("some responses were still being written at the drain deadline");
@@ -223,7 +211,7 @@ int RunServe(const ServeFlags& f) {
   int64_t kv_tokens = std::max(16384, max_model_len);
   if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
   if (f.kv_cache_mb > 0) kv_tokens = int64_t{f.kv_cache_mb} * (1 << 20) / KvBytesPerToken(config);
-  if (kv_tokens < f.block_tokens || kv_tokens > (1 << 26)) {
+  if (kv_tokens < f.knobs.block_tokens || kv_tokens > (1 << 26)) {
     std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n", static_cast<long long>(kv_tokens));
     return 2;
   }
@@ -246,14 +234,14 @@ int RunServe(const ServeFlags& f) {
                                : f.served_model_name;
   opts.max_model_len = max_model_len;
   opts.request_timeout_s = f.request_timeout_s;
-  opts.http_threads = f.http_threads > 0 ? f.http_threads : f.max_num_seqs + f.max_waiting + 16;
+  opts.http_threads = f.http_threads > 0 ? f.http_threads : f.knobs.max_num_seqs + f.knobs.max_waiting + 16;
   const double kv_mib = kv_tokens * static_cast<double>(KvBytesPerToken(config)) / (1 << 20);
 
   if (f.mode == "colocated") {
     engine::EngineOptions eo;
     eo.model_path = model_path;
     eo.threads = threads;
-    eo.block_tokens = f.block_tokens;
+    eo.block_tokens = f.knobs.block_tokens;
     eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
     auto loaded = engine::Engine::Load(eo);
     if (!loaded.ok()) {
@@ -262,13 +250,13 @@ int RunServe(const ServeFlags& f) {
     }
     std::unique_ptr<engine::Engine> eng = std::move(*loaded);
     serving::SchedulerOptions so;
-    so.max_num_seqs = f.max_num_seqs;
-    so.max_batch_tokens = f.max_batch_tokens;
-    so.max_waiting = f.max_waiting;
+    so.max_num_seqs = f.knobs.max_num_seqs;
+    so.max_batch_tokens = f.knobs.max_batch_tokens;
+    so.max_waiting = f.knobs.max_waiting;
     std::unique_ptr<serving::GenerationBackend> backend = serving::MakeLocalBackend(eng.get(), so);
     const std::string description = fmt::format(
         "colocated, threads={} max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) max_model_len={} "
-        "chat_template={}", threads, f.max_num_seqs, kv_tokens, kv_mib, max_model_len,
+        "chat_template={}", threads, f.knobs.max_num_seqs, kv_tokens, kv_mib, max_model_len,
         eng->chat_template() ? "yes" : "no");
     const int rc = ServeHttp(f, opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
                              backend.get(), signals, description, nullptr);
@@ -277,7 +265,7 @@ int RunServe(const ServeFlags& f) {
   }
 
   // Disaggregated: a metadata service, worker processes under a supervisor, and the conductor.
-  if (auto protocols = ParseProtocolList(f.transfer_protocols); !protocols.ok()) {
+  if (auto protocols = ParseProtocolList(f.knobs.transfer_protocols); !protocols.ok()) {
     std::fprintf(stderr, "error: %s\n", protocols.status().message().c_str());
     return 2;
   }
@@ -317,7 +305,7 @@ int RunServe(const ServeFlags& f) {
   co.slo_tbt_s = f.slo_tbt_ms / 1000.0;
   co.vocab_size = config.vocab_size;
   co.max_model_len = max_model_len;
-  co.max_inflight = std::max(1, f.max_num_seqs * f.decode_workers + f.max_waiting);
+  co.max_inflight = std::max(1, f.knobs.max_num_seqs * f.decode_workers + f.knobs.max_waiting);
   auto conductor = conductor::Conductor::Start(co);
   if (!conductor.ok()) {
     std::fprintf(stderr, "error: %s\n", conductor.status().ToString().c_str());
@@ -335,20 +323,20 @@ int RunServe(const ServeFlags& f) {
   });
   auto spawn = [&](const std::string& role, int index) {
     const std::string name = role + "-" + std::to_string(index);
+    WorkerFlags worker;
+    worker.role = role;
+    worker.name = name;
+    worker.metadata = metadata_uri;
+    worker.model = model_path;
+    worker.threads = worker_threads;
+    worker.kv_cache_tokens = static_cast<int>(kv_tokens);
+    worker.knobs = f.knobs;
     cluster::ChildSpec spec;
     spec.name = name;
-    spec.argv = {self, "--log-level", GetLogger("serve")->level() <= spdlog::level::info ? "info" : "warn",
-                 "worker", "--role", role, "--name", name, "--metadata", metadata_uri,
-                 "--model", model_path, "--threads", std::to_string(worker_threads),
-                 "--kv-cache-tokens", std::to_string(kv_tokens),
-                 "--block-tokens", std::to_string(f.block_tokens),
-                 "--max-num-seqs", std::to_string(f.max_num_seqs),
-                 "--max-batch-tokens", std::to_string(f.max_batch_tokens),
-                 "--max-waiting", std::to_string(f.max_waiting),
-                 "--transfer-protocols", f.transfer_protocols,
-                 "--drain-timeout-s", std::to_string(f.drain_timeout_s),
-                 "--kv-transfer-timeout-s", std::to_string(f.kv_transfer_timeout_s),
-                 "--cost-profile", f.cost_profile};
+    spec.argv = {self, "--log-level",
+                 GetLogger("serve")->level() <= spdlog::level::info ? "info" : "warn", "worker"};
+    const std::vector<std::string> args = WorkerArgv(worker);
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
     return supervisor.Start(spec);
   };
   const int prefill_workers = f.spawn_workers ? f.prefill_workers : 0;
@@ -379,7 +367,7 @@ int RunServe(const ServeFlags& f) {
                         "max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) per worker, "
                         "max_model_len={} chat_template={}",
                         f.prefill_workers, f.decode_workers, worker_threads, metadata_uri,
-                        f.max_num_seqs, kv_tokens, kv_mib, max_model_len,
+                        f.knobs.max_num_seqs, kv_tokens, kv_mib, max_model_len,
                         front->chat_template ? "yes" : "no")
           : fmt::format("conductor over the workers published in {}, max_model_len={} "
                         "chat_template={}", metadata_uri, max_model_len,
@@ -389,7 +377,7 @@ int RunServe(const ServeFlags& f) {
       {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,
        front->chat_template_error},
       conductor->get(), signals, description,
-      [&] { supervisor.StopAll(After(f.drain_timeout_s + 5)); });
+      [&] { supervisor.StopAll(After(f.knobs.drain_timeout_s + 5)); });
   conductor->reset();
   return rc;
 }

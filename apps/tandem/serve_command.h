@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "flags.h"
+
 namespace tandem::app {
 
 struct ServeFlags {
@@ -18,26 +20,21 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   int threads = 0;                // 0: all cores
-  int max_num_seqs = 32;
   int kv_cache_tokens = 0;        // 0: max(16384, max_model_len), or from --kv-cache-mb
   int kv_cache_mb = 0;            // 0: unset
   int max_model_len = 0;          // 0: the model's context length
-  int block_tokens = 16;
-  int max_batch_tokens = 256;
-  int max_waiting = 256;
   std::string api_key;            // or env TANDEM_API_KEY
   std::string served_model_name;  // default: the model file's stem
   double request_timeout_s = 600;
-  double drain_timeout_s = 30;
   int http_threads = 0;           // 0: max_num_seqs + max_waiting + 16
+  // Scheduling and transfer settings, the colocated engine's and each worker's (passed on).
+  WorkerKnobs knobs;
   // Disaggregated mode (the default): a conductor in this process, workers as child processes.
   std::string mode = "disaggregated";  // or "colocated": one in-process engine
   int prefill_workers = 1;
   int decode_workers = 1;
   int threads_per_worker = 0;     // 0: threads / (prefill + decode workers), at least 1
   std::string metadata;           // empty: an HTTP metadata service in this process
-  std::string transfer_protocols = "shm,tcp";
-  double kv_transfer_timeout_s = 10;
   bool spawn_workers = true;      // false for `tandem conductor`: workers run elsewhere
   // The conductor's scheduling (conductor/policy/placement.h).
   std::string placement_policy = "cache-load";
@@ -45,7 +42,6 @@ struct ServeFlags {
   bool local_prefill = true;      // conditional disaggregation
   double slo_ttft_ms = 0;         // 0: none (a request may set its own)
   double slo_tbt_ms = 0;
-  std::string cost_profile = "auto";  // the workers' cost models (`tandem worker --cost-profile`)
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.

@@ -6,75 +6,29 @@
 
 #include <atomic>
 #include <cstdio>
-#include <sstream>
 #include <thread>
 
 #include "cluster/calibration.h"
 #include "cluster/worker.h"
 #include "engine/engine.h"
 #include "common/logging.h"
-#include "generate_command.h"
+#include "app_util.h"
 
 namespace tandem::app {
 
-StatusOr<std::vector<std::string>> ParseProtocolList(const std::string& text) {
-  std::stringstream in(text);
-  std::string item;
-  std::vector<std::string> names;
-  while (std::getline(in, item, ',')) {
-    if (!transfer::ParseProtocol(item).ok()) {
-      return InvalidArgument("unknown transfer protocol '" + item + "' (shm, tcp, ucx)");
-    }
-    names.push_back(item);
-  }
-  if (names.empty()) return InvalidArgument("no transfer protocol given");
-  return names;
-}
-
 CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& f) {
   CLI::App* cmd = app.add_subcommand("worker", "Run one engine of a disaggregated cluster");
-  cmd->add_option("--role", f.role, "prefill, decode or mixed")
-      ->check(CLI::IsMember({"prefill", "decode", "mixed"}))->capture_default_str();
-  cmd->add_option("--name", f.name, "Unique name in the cluster (default: <role>-<pid>)");
-  cmd->add_option("--metadata", f.metadata, "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
-      ->required();
-  cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
-  cmd->add_option("--host", f.host, "Address of the control endpoint and KV listener")->capture_default_str();
-  cmd->add_option("--port", f.port, "Control port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
-  cmd->add_option("--threads", f.threads, "Engine threads")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity in tokens")
-      ->check(CLI::Range(16, 1 << 26))->capture_default_str();
-  cmd->add_option("--block-tokens", f.block_tokens, "Tokens per KV block (equal on every worker)")
-      ->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--max-num-seqs", f.max_num_seqs, "Sequences computed at once")
-      ->check(CLI::Range(1, 4096))->capture_default_str();
-  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per forward step")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--max-waiting", f.max_waiting, "Queued requests beyond this are refused")
-      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  cmd->add_option("--transfer-protocols", f.protocols, "KV transfer protocols by preference")
-      ->capture_default_str();
-  cmd->add_option("--kv-transfer-timeout-s", f.kv_transfer_timeout_s,
-                  "A KV push batch not landed this long after submission fails")
-      ->check(CLI::Range(0.01, 1e5))->capture_default_str();
-  cmd->add_option("--drain-timeout-s", f.drain_timeout_s, "On SIGTERM, time given to requests in flight")
-      ->check(CLI::Range(0.0, 1e5))->capture_default_str();
-  cmd->add_option("--cost-profile", f.cost_profile,
-                  "Cost model published for the conductor: auto (the saved profile for this model, "
-                  "threads and CPU, else calibrate and save), calibrate, none, or a profile file")
-      ->capture_default_str();
+  AddWorkerFlags(cmd, f);
   return cmd;
 }
 
 CLI::App* AddProfileCommand(CLI::App& app, ProfileFlags& f) {
   CLI::App* cmd = app.add_subcommand(
       "profile", "Measure an engine's cost model (prefill and decode step times) into a profile");
-  cmd->add_option("--model", f.model, "GGUF model file (default: the bundled SmolLM2-135M)");
+  AddModelFlag(cmd, f.model);
   cmd->add_option("--threads", f.threads, "Engine threads")->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--block-tokens", f.block_tokens, "Tokens per KV block")
-      ->check(CLI::Range(1, 256))->capture_default_str();
-  cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per forward step (prefill chunk)")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  AddBlockTokensFlag(cmd, f.block_tokens);
+  AddMaxBatchTokensFlag(cmd, f.max_batch_tokens);
   cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity used while measuring")
       ->check(CLI::Range(64, 1 << 26))->capture_default_str();
   cmd->add_option("--out", f.out, "Profile file to write (default: where a worker with these "
@@ -126,20 +80,20 @@ int RunWorker(const WorkerFlags& f) {
   }
   o.role = *role;
   o.name = f.name.empty() ? f.role + "-" + std::to_string(::getpid()) : f.name;
-  o.model_path = f.model.empty() ? DefaultModelPath() : f.model;
-  o.threads = f.threads;
-  o.block_tokens = f.block_tokens;
-  o.kv_tokens = f.kv_cache_tokens;
-  o.max_num_seqs = f.max_num_seqs;
-  o.max_batch_tokens = f.max_batch_tokens;
-  o.max_waiting = f.max_waiting;
+  o.engine.model_path = f.model.empty() ? DefaultModelPath() : f.model;
+  o.engine.threads = f.threads;
+  o.engine.block_tokens = f.knobs.block_tokens;
+  o.engine.kv_capacity_tokens = f.kv_cache_tokens;
+  o.scheduler.max_num_seqs = f.knobs.max_num_seqs;
+  o.scheduler.max_batch_tokens = f.knobs.max_batch_tokens;
+  o.scheduler.max_waiting = f.knobs.max_waiting;
   o.host = f.host;
   o.port = f.port;
   o.metadata_uri = f.metadata;
   o.kv_transfer_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(f.kv_transfer_timeout_s * 1000));
-  o.cost_profile = f.cost_profile;
-  auto names = ParseProtocolList(f.protocols);
+      std::chrono::milliseconds(static_cast<int64_t>(f.knobs.kv_transfer_timeout_s * 1000));
+  o.cost_profile = f.knobs.cost_profile;
+  auto names = ParseProtocolList(f.knobs.transfer_protocols);
   if (!names.ok()) {
     std::fprintf(stderr, "error: %s\n", names.status().message().c_str());
     return 2;
@@ -165,7 +119,7 @@ int RunWorker(const WorkerFlags& f) {
   }
   log->info("worker {} stopping", o.name);
   (*worker)->Stop(std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout_s * 1000)));
+                  std::chrono::milliseconds(static_cast<int64_t>(f.knobs.drain_timeout_s * 1000)));
   server.join();
   log->flush();
   std::fflush(nullptr);

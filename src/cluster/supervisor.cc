@@ -1,13 +1,13 @@
 #include "cluster/supervisor.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/subprocess.h"
 
 namespace tandem::cluster {
 namespace {
@@ -30,31 +30,19 @@ Supervisor::~Supervisor() { StopAll(std::chrono::steady_clock::now() + std::chro
 
 StatusOr<pid_t> Supervisor::Spawn(const ChildSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("child '" + spec.name + "' has no program");
-  std::vector<char*> args;
-  for (const auto& a : spec.argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) return Internal(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    // Child: die with the supervisor; signals start unblocked (the parent blocks some).
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
-    // Own process group: a Ctrl-C meant for the supervisor must not stop the workers before
-    // it has drained them.
-    ::setpgid(0, 0);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execv(args[0], args.data());
-    std::fprintf(stderr, "cannot start %s: %s\n", args[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  return pid;
+  SpawnOptions o;
+  o.argv = spec.argv;
+  o.death_signal = SIGKILL;  // die with the supervisor
+  // Own process group: a Ctrl-C meant for the supervisor must not stop the workers before it
+  // has drained them. Signals start unblocked (the parent blocks some for sigwait).
+  o.own_process_group = true;
+  o.unblock_signals = true;
+  TANDEM_ASSIGN_OR_RETURN(Subprocess child, ::tandem::Spawn(o));
+  return child.pid;
 }
 
 Status Supervisor::Start(const ChildSpec& spec) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return FailedPrecondition("the supervisor is stopping");
   if (children_.count(spec.name)) return InvalidArgument("child '" + spec.name + "' exists");
   TANDEM_ASSIGN_OR_RETURN(pid_t pid, Spawn(spec));
@@ -63,13 +51,13 @@ Status Supervisor::Start(const ChildSpec& spec) {
 }
 
 pid_t Supervisor::PidOf(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = children_.find(name);
   return it == children_.end() ? 0 : it->second.pid;
 }
 
 int Supervisor::restarts(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = children_.find(name);
   return it == children_.end() ? 0 : it->second.restarts;
 }
@@ -80,7 +68,7 @@ void Supervisor::Loop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::vector<std::pair<std::string, std::string>> restarted;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) return;
       const auto now = std::chrono::steady_clock::now();
       for (auto& [name, c] : children_) {
@@ -112,12 +100,12 @@ void Supervisor::Loop() {
 
 void Supervisor::StopAll(std::chrono::steady_clock::time_point deadline) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, c] : children_) {
     if (c.pid > 0) ::kill(c.pid, SIGTERM);
   }

@@ -1,6 +1,11 @@
 // Keeps child processes (the workers of `tandem serve`) alive: starts each with fork/exec,
 // notices when one exits (waitpid), restarts it after a back-off, and stops them all on
 // shutdown. Children get PR_SET_PDEATHSIG(SIGKILL), so they never outlive the supervisor.
+//
+// Thread-safety: Start, PidOf and restarts may be called from any thread, at once; StopAll (and
+// so the destructor) from one thread at a time. One thread of the supervisor's own polls the
+// children and restarts them; on_restart runs on it, without the supervisor's lock held (it may
+// call the other methods, but not StopAll or the destructor, which join that thread).
 #pragma once
 
 #include <sys/types.h>
@@ -8,11 +13,11 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tandem::cluster {
@@ -30,12 +35,12 @@ class Supervisor {
   ~Supervisor();  // StopAll with a short grace period
 
   // Starts the child and keeps it running until StopAll.
-  Status Start(const ChildSpec& spec);
+  Status Start(const ChildSpec& spec) TANDEM_EXCLUDES(mu_);
   // The child's current pid (0 while it is being restarted).
-  pid_t PidOf(const std::string& name) const;
-  int restarts(const std::string& name) const;
+  pid_t PidOf(const std::string& name) const TANDEM_EXCLUDES(mu_);
+  int restarts(const std::string& name) const TANDEM_EXCLUDES(mu_);
   // SIGTERM to every child, SIGKILL to those still alive at `deadline`; reaps them all.
-  void StopAll(std::chrono::steady_clock::time_point deadline);
+  void StopAll(std::chrono::steady_clock::time_point deadline) TANDEM_EXCLUDES(mu_);
 
  private:
   struct Child {
@@ -45,13 +50,15 @@ class Supervisor {
     std::chrono::steady_clock::time_point restart_at{};
   };
   static StatusOr<pid_t> Spawn(const ChildSpec& spec);
-  void Loop();
+  void Loop() TANDEM_EXCLUDES(mu_);
 
   std::function<void(const std::string&, const std::string&)> on_restart_;
   std::chrono::milliseconds backoff_;
-  mutable std::mutex mu_;
-  std::map<std::string, Child> children_;  // guarded by mu_
-  bool stopping_ = false;                  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, Child> children_ TANDEM_GUARDED_BY(mu_);
+  bool stopping_ TANDEM_GUARDED_BY(mu_) = false;
+  // Not guarded: started by the constructor, joined by StopAll outside mu_ (joinable() is also
+  // read under it); hence StopAll from one thread at a time.
   std::thread thread_;
 };
 

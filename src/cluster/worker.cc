@@ -19,7 +19,7 @@
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "common/http_status.h"
-#include "common/listen_backlog.h"
+#include "common/http.h"
 #include "serving/local_backend.h"
 
 namespace tandem::cluster {
@@ -167,23 +167,14 @@ class WorkerImpl final : public Worker {
     const int64_t incarnation = std::chrono::duration_cast<std::chrono::milliseconds>(
                                     std::chrono::system_clock::now().time_since_epoch()).count();
     segment_name_ = o.name + "." + std::to_string(incarnation) + "/kv";
-    engine::EngineOptions eo;
-    eo.model_path = o.model_path;
-    eo.threads = o.threads;
-    eo.block_tokens = o.block_tokens;
-    eo.kv_capacity_tokens = static_cast<int>(o.kv_tokens);
+    engine::EngineOptions eo = o.engine;
     eo.kv_memory = [this](size_t bytes) -> StatusOr<uint8_t*> {
       TANDEM_ASSIGN_OR_RETURN(void* p, te_->AllocateSegment(segment_name_, bytes));
       return static_cast<uint8_t*>(p);
     };
     TANDEM_ASSIGN_OR_RETURN(engine_, engine::Engine::Load(eo));
-    serving::SchedulerOptions so;
-    so.max_num_seqs = o.max_num_seqs;
-    so.max_batch_tokens = o.max_batch_tokens;
-    so.max_waiting = o.max_waiting;
-    so.enable_prefix_cache = o.enable_prefix_cache;
     CalibrationOptions cal;
-    cal.max_batch_tokens = o.max_batch_tokens;
+    cal.max_batch_tokens = o.scheduler.max_batch_tokens;
     auto cost = LoadOrCalibrate(*engine_, o.cost_profile, cal);
     if (!cost.ok()) {
       if (o.cost_profile != "auto" && o.cost_profile != "calibrate") return cost.status();
@@ -192,8 +183,8 @@ class WorkerImpl final : public Worker {
     } else {
       info_.cost = std::move(*cost);
     }
-    info_.max_batch_tokens = o.max_batch_tokens;
-    backend_ = serving::MakeLocalBackend(engine_.get(), so);
+    info_.max_batch_tokens = o.scheduler.max_batch_tokens;
+    backend_ = serving::MakeLocalBackend(engine_.get(), o.scheduler);
 
     auto& kv = engine_->kv();
     info_.name = o.name;
@@ -205,25 +196,17 @@ class WorkerImpl final : public Worker {
     info_.n_layers = kv.shape().n_layers;
     info_.layer_slice_bytes = kv.LayerSliceBytes();
     info_.kv_blocks = kv.num_blocks();
-    info_.model = std::filesystem::path(o.model_path).filename().string();
+    info_.model = std::filesystem::path(o.engine.model_path).filename().string();
     info_.incarnation = incarnation;
 
     Routes();
-    const int threads = o.http_threads;
-    http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http_.set_keep_alive_max_count(1000);
-    http_.set_read_timeout(600, 0);
-    http_.set_write_timeout(30, 0);
-    if (o.port == 0) {
-      port_ = http_.bind_to_any_port(o.host);
-      if (port_ < 0) return Unavailable("cannot bind a control port on " + o.host);
-    } else {
-      if (!http_.bind_to_port(o.host, o.port)) {
-        return Unavailable("cannot bind the control port " + o.host + ":" + std::to_string(o.port));
-      }
-      port_ = o.port;
-    }
-    WidenListenBacklog(port_);
+    HttpServerSettings settings;
+    settings.threads = o.http_threads;
+    settings.keep_alive_max_count = 1000;
+    settings.read_timeout_s = 600;  // a decode request's stream is read for its whole life
+    settings.write_timeout_s = 30;
+    TANDEM_ASSIGN_OR_RETURN(port_, BindHttpServer(http_, o.host, o.port, settings,
+                                                  "the worker's control endpoint"));
     info_.port = port_;
     handoff_thread_ = std::thread([this] { HandoffLoop(); });
     TANDEM_RETURN_IF_ERROR(metadata_->Put(std::string(kWorkersPrefix) + o.name, info_.ToJson()));

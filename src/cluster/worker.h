@@ -14,21 +14,28 @@
 
 #include "cluster/protocol.h"
 #include "common/status.h"
+#include "engine/engine.h"
+#include "serving/local_backend.h"
 #include "transfer/transfer_engine.h"
 
 namespace tandem::cluster {
 
+// A worker's engine defaults: the engine's own, with a 16k-token KV cache.
+inline engine::EngineOptions WorkerEngineDefaults() {
+  engine::EngineOptions o;
+  o.kv_capacity_tokens = 16384;
+  return o;
+}
+
+// What a worker is made of: its engine and scheduler (their own options, embedded as they are,
+// so a knob of either is defined in one place) and the worker's own settings.
 struct WorkerOptions {
   std::string name;                  // unique in the cluster
   Role role = Role::kMixed;
-  std::string model_path;
-  int threads = 1;
-  int block_tokens = 16;
-  int64_t kv_tokens = 16384;
-  int max_num_seqs = 32;
-  int max_batch_tokens = 256;
-  int max_waiting = 256;
-  bool enable_prefix_cache = true;
+  // model_path, threads, block_tokens, kv_capacity_tokens (the worker sets kv_memory: its KV
+  // lives in a transfer-engine segment).
+  engine::EngineOptions engine = WorkerEngineDefaults();
+  serving::SchedulerOptions scheduler;
   std::string host = "127.0.0.1";    // control endpoint (and advertised address)
   int port = 0;                      // 0: any free port
   std::string metadata_uri;          // "http://...", "etcd://..."

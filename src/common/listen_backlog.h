@@ -2,7 +2,8 @@
 // connections (32 clients starting at once) overflows the accept queue and clients stall or
 // fail. Linux lets listen() be called again on a listening socket to change its backlog: this
 // finds the process's listening socket bound to `port` (via /proc/self/fd) and widens it to
-// SOMAXCONN. Every HTTP server of tandem calls it after binding.
+// SOMAXCONN. BindHttpServer (common/http.h), which every HTTP server of tandem binds with,
+// calls it.
 #pragma once
 
 namespace tandem {

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <unordered_set>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "conductor/cluster_view.h"
 #include "conductor/metrics.h"
 #include "conductor/worker_client.h"
@@ -71,23 +70,23 @@ class ConductorImpl final : public Conductor {
 
   ~ConductorImpl() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     heartbeat_.join();
     // Request threads end by their deadlines; make them stop relaying now.
     cancel_all_.store(true);
     std::map<uint64_t, std::thread> threads;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       threads.swap(threads_);
     }
     for (auto& [seq, t] : threads) t.join();
   }
 
   Status Submit(serving::GenerationRequest request,
-                std::shared_ptr<serving::GenerationSink> sink) override {
+                std::shared_ptr<serving::GenerationSink> sink) override TANDEM_EXCLUDES(mu_) {
     TANDEM_RETURN_IF_ERROR(serving::ValidateRequest(
         request, options_.vocab_size > 0 ? options_.vocab_size : INT32_MAX,
         options_.max_model_len > 0 ? options_.max_model_len : INT32_MAX));
@@ -98,7 +97,7 @@ class ConductorImpl final : public Conductor {
     run->load.max_tokens = request.max_tokens;
     run->r = std::move(request);
     run->sink = std::move(sink);
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
     if (active_ >= options_.max_inflight) {
       metrics_.Reject("inflight_limit");
@@ -130,19 +129,19 @@ class ConductorImpl final : public Conductor {
     return std::max(1, static_cast<int>(std::ceil(retry_after_s_.load())));
   }
 
-  serving::BackendStats Stats() const override {
+  serving::BackendStats Stats() const override TANDEM_EXCLUDES(mu_) {
     // The workers' figures are as fresh as the last heartbeat (up to `heartbeat` old): a scrape
     // right after a request ended could show it still holding KV. Refresh them first when the
     // last probe is older than a few tens of milliseconds (a probe is one local HTTP call per
     // worker). The refresh only updates the cached view, so Stats stays logically const.
     bool stale;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stale = Clock::now() - last_refresh_ > kStatsFreshness && !stop_;
     }
     if (stale) const_cast<ConductorImpl*>(this)->RefreshMembership();
     serving::BackendStats s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ConductorMetrics::WorkerTotals totals;
     const auto now = Clock::now();
     for (const auto& [name, w] : view_.workers()) {
@@ -166,19 +165,25 @@ class ConductorImpl final : public Conductor {
     return s;
   }
 
-  void Drain(Clock::time_point deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Drain(Clock::time_point deadline) override TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     draining_ = true;
-    if (!cv_.wait_until(lock, deadline, [&] { return active_ == 0; })) {
+    auto idle = [&] {
+      mu_.AssertHeld();  // called inside the waits, with mu_ held
+      return active_ == 0;
+    };
+    if (!cv_.WaitUntil(&mu_, deadline, idle)) {
       cancel_all_.store(true);
-      cv_.notify_all();
-      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return active_ == 0; });
+      cv_.NotifyAll();
+      cv_.WaitFor(&mu_, std::chrono::seconds(10), idle);
     }
   }
 
-  Status WaitForWorkers(int prefill, int decode, Clock::time_point deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
+  Status WaitForWorkers(int prefill, int decode, Clock::time_point deadline) override
+      TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto enough = [&] {
+      mu_.AssertHeld();  // called inside the wait, with mu_ held
       int p = 0, d = 0;
       for (const auto& [name, w] : view_.workers()) {
         if (!w.healthy) continue;
@@ -187,15 +192,15 @@ class ConductorImpl final : public Conductor {
       }
       return p >= prefill && d >= decode;
     };
-    if (!cv_.wait_until(lock, deadline, enough)) {
+    if (!cv_.WaitUntil(&mu_, deadline, enough)) {
       return DeadlineExceeded("workers did not join in time (wanted " + std::to_string(prefill) +
                               " prefill and " + std::to_string(decode) + " decode)");
     }
     return OkStatus();
   }
 
-  std::vector<WorkerView> Workers() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerView> Workers() const override TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     std::vector<WorkerView> out;
     const auto now = Clock::now();
     for (const auto& [name, w] : view_.workers()) {
@@ -211,7 +216,7 @@ class ConductorImpl final : public Conductor {
   // ---- placement ----
 
   // The prompt's block keys for the workers' block size (all workers of a cluster agree).
-  void KeysFor(RequestRun* run) {
+  void KeysFor(RequestRun* run) TANDEM_REQUIRES(mu_) {
     int bt = 0;
     for (const auto& [name, w] : view_.workers()) {
       if (w.info.block_tokens > 0) {
@@ -224,7 +229,7 @@ class ConductorImpl final : public Conductor {
     run->load.keys = serving::BlockKeys(run->r.prompt_tokens, bt);
   }
 
-  RequestShape ShapeOf(const RequestRun& run) const {
+  RequestShape ShapeOf(const RequestRun& run) const TANDEM_REQUIRES(mu_) {
     RequestShape shape;
     shape.prompt_tokens = run.load.prompt_tokens;
     shape.max_tokens = run.load.max_tokens;
@@ -234,13 +239,13 @@ class ConductorImpl final : public Conductor {
     return shape;
   }
 
-  int ExpectedOutputLocked() const { return std::max(1, static_cast<int>(expected_output_)); }
+  int ExpectedOutputLocked() const TANDEM_REQUIRES(mu_) { return std::max(1, static_cast<int>(expected_output_)); }
 
   // Places `run` on the current view; *decode and *prefill get the chosen workers' names
   // (prefill empty when local or none).
   Placement PlaceLocked(const RequestRun& run, AdmissionPolicy admission,
                         std::span<const std::string> exclude_prefill, std::string* decode,
-                        std::string* prefill) {
+                        std::string* prefill) TANDEM_REQUIRES(mu_) {
     const auto now = Clock::now();
     const auto snapshot = view_.Snapshot(run.load, now, &names_scratch_);
     std::vector<int> exclude;
@@ -273,14 +278,17 @@ class ConductorImpl final : public Conductor {
 
   // Counts a request in waiting_for_kv_ (and once in tandem_kv_wait_requests_total) from
   // Start() until it goes out of scope. Declared after the lock on mu_ it needs, so that it is
-  // released before it.
+  // released before it. (The analysis cannot tie c_->mu_ to the caller's lock on mu_, hence
+  // the AssertHeld calls.)
   class KvWait {
    public:
     KvWait(ConductorImpl* c, RequestRun* run) : c_(c), run_(run) {}
     ~KvWait() {
+      c_->mu_.AssertHeld();
       if (counted_) --c_->waiting_for_kv_;
     }
     void Start() {
+      c_->mu_.AssertHeld();
       if (counted_) return;
       counted_ = true;
       ++c_->waiting_for_kv_;
@@ -298,8 +306,8 @@ class ConductorImpl final : public Conductor {
   // Places (or re-places) the request for its thread, waiting while no decode worker has KV
   // room; `force_local`: the decode worker computes the prompt. False when it cannot run
   // (run->error says why). An admitted request is not rejected later (kNone never rejects).
-  bool PlaceForRun(RequestRun* run, bool first, bool force_local) {
-    std::unique_lock<std::mutex> lock(mu_);
+  bool PlaceForRun(RequestRun* run, bool first, bool force_local) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     KvWait wait(this, run);
     while (true) {
       Placement p;
@@ -338,7 +346,7 @@ class ConductorImpl final : public Conductor {
         return false;
       }
       // Room appears when a request ends (notified) or a heartbeat shows evictable blocks.
-      cv_.wait_until(lock, std::min(run->r.deadline, Clock::now() + std::chrono::milliseconds(100)));
+      cv_.WaitUntil(&mu_, std::min(run->r.deadline, Clock::now() + std::chrono::milliseconds(100)));
     }
   }
 
@@ -347,8 +355,8 @@ class ConductorImpl final : public Conductor {
   // queue; with kCacheLoad it is placed again meanwhile (the best worker, or local prefill, may
   // change as the queues move). False when the request cannot run (run->error says why).
   // Then promises the blocks its reservation takes on the decode worker, waiting for room.
-  bool WaitForPrefillTurn(RequestRun* run, bool may_replace) {
-    std::unique_lock<std::mutex> lock(mu_);
+  bool WaitForPrefillTurn(RequestRun* run, bool may_replace) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     KvWait wait(this, run);
     while (true) {
       const auto now = Clock::now();
@@ -373,7 +381,7 @@ class ConductorImpl final : public Conductor {
                            : serving::kRequestDeadlinePassed);
         return false;
       }
-      cv_.wait_until(lock, std::min(run->r.deadline, now + std::chrono::milliseconds(50)));
+      cv_.WaitUntil(&mu_, std::min(run->r.deadline, now + std::chrono::milliseconds(50)));
       if (!may_replace || options_.placement != PlacementPolicy::kCacheLoad) continue;
       std::string decode, prefill;
       const Placement p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &decode, &prefill);
@@ -391,21 +399,25 @@ class ConductorImpl final : public Conductor {
 
   // ---- membership ----
 
-  void HeartbeatLoop() {
+  void HeartbeatLoop() TANDEM_EXCLUDES(mu_) {
     while (true) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (cv_.wait_for(lock, options_.heartbeat, [&] { return stop_; })) return;
+        MutexLock lock(&mu_);
+        auto stopped = [&] {
+          mu_.AssertHeld();  // called inside the wait, with mu_ held
+          return stop_;
+        };
+        if (cv_.WaitFor(&mu_, options_.heartbeat, stopped)) return;
       }
       RefreshMembership();
       JoinFinishedThreads();
     }
   }
 
-  void JoinFinishedThreads() {
+  void JoinFinishedThreads() TANDEM_EXCLUDES(mu_) {
     std::vector<std::thread> done;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (uint64_t seq : finished_threads_) {
         auto it = threads_.find(seq);
         if (it == threads_.end()) continue;
@@ -417,9 +429,9 @@ class ConductorImpl final : public Conductor {
     for (auto& t : done) t.join();
   }
 
-  void RefreshMembership() {
+  void RefreshMembership() TANDEM_EXCLUDES(refresh_mu_, mu_) {
     // One refresh at a time (the heartbeat thread and scrapes).
-    std::lock_guard<std::mutex> refreshing(refresh_mu_);
+    MutexLock refreshing(&refresh_mu_);
     auto listed = options_.metadata->List(cluster::kWorkersPrefix);
     if (!listed.ok()) {
       log_->warn("cannot list workers: {}", listed.status().ToString());
@@ -440,7 +452,7 @@ class ConductorImpl final : public Conductor {
     for (auto& info : infos) {
       std::shared_ptr<WorkerClient> client;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (auto* w = view_.Find(info.name); w && w->info.incarnation == info.incarnation) {
           client = w->client;
         }
@@ -450,7 +462,7 @@ class ConductorImpl final : public Conductor {
       auto stats = client->Stats(started + std::chrono::seconds(1));
       probes.push_back({std::move(info), std::move(stats), started});
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     last_refresh_ = Clock::now();
     std::unordered_set<std::string> names;
     for (auto& pr : probes) {
@@ -471,17 +483,17 @@ class ConductorImpl final : public Conductor {
       log_->log(draining_ ? spdlog::level::info : spdlog::level::warn,
                 "worker {} left the metadata service", name);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Marks a worker unhealthy at once (a broken connection), until its next good heartbeat.
-  void Suspect(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Suspect(const std::string& name) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (auto* w = view_.Find(name)) w->healthy = false;
   }
 
-  std::shared_ptr<WorkerClient> ClientOf(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<WorkerClient> ClientOf(const std::string& name) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto* w = view_.Find(name);
     return w ? w->client : nullptr;
   }
@@ -490,7 +502,7 @@ class ConductorImpl final : public Conductor {
 
   // Runs the prefill of a reserved request, trying prefill workers until one succeeds.
   // Returns false when none could (the caller falls back to local).
-  bool Prefill(RequestRun* run, const KvTarget& target) {
+  bool Prefill(RequestRun* run, const KvTarget& target) TANDEM_EXCLUDES(mu_) {
     std::vector<std::string> tried;
     while (!run->prefill.empty()) {
       tried.push_back(run->prefill);
@@ -507,7 +519,7 @@ class ConductorImpl final : public Conductor {
         auto result = client->Prefill(call, run->r.deadline, &connection_failed);
         if (result.ok()) {
           run->prefill_result = *result;
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           view_.PrefillDone(run->load, run->prefill, run->decode, result->transfer_seconds,
                             Clock::now());
           return true;
@@ -523,7 +535,7 @@ class ConductorImpl final : public Conductor {
         return false;
       }
       // Another prefill worker, not tried yet; the decode side and its reservation stay.
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       view_.Release(run->load.seq, "", run->prefill);
       std::string decode_unused, next;
       const Placement p = PlaceLocked(*run, AdmissionPolicy::kNone, tried, &decode_unused, &next);
@@ -537,14 +549,14 @@ class ConductorImpl final : public Conductor {
     return false;
   }
 
-  void Run(std::unique_ptr<RequestRun> run) {
+  void Run(std::unique_ptr<RequestRun> run) TANDEM_EXCLUDES(mu_) {
     bool local_fallback = false;
     bool first = true;
     while (true) {
       if (!PlaceForRun(run.get(), first, local_fallback)) break;
       first = false;
       if (!WaitForPrefillTurn(run.get(), /*may_replace=*/!local_fallback)) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         view_.Release(run->load.seq, run->decode, run->prefill);
         break;
       }
@@ -555,10 +567,10 @@ class ConductorImpl final : public Conductor {
       run->predicted_tbt_s = run->placement.predicted_tbt_s;
       RunOnDecode(run.get(), local);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         view_.Release(run->load.seq, run->decode, run->prefill);
       }
-      cv_.notify_all();
+      cv_.NotifyAll();
       if (run->cancelled || run->tokens > 0 || run->finish) break;
       if (run->retry_kv) {
         run->error = Status();
@@ -571,14 +583,14 @@ class ConductorImpl final : public Conductor {
     }
     Finish(run.get(), local_fallback);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       --active_;
       finished_threads_.push_back(run->load.seq);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
-  void Finish(RequestRun* run, bool fell_back) {
+  void Finish(RequestRun* run, bool fell_back) TANDEM_EXCLUDES(mu_) {
     const bool local = run->prefill.empty();
     if (!local && run->finish) metrics_.disaggregated.fetch_add(1);
     if (local && !fell_back && run->finish) metrics_.local_prefills.fetch_add(1);
@@ -628,7 +640,7 @@ class ConductorImpl final : public Conductor {
       if (run->slo_ttft_s > 0 || run->slo_tbt_s > 0) metrics_.CountSlo(completed && met);
       metrics_.PrefillTokens(!completed ? "failed" : (met ? "slo_met" : "slo_missed"),
                              std::max(0, computed_prompt));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       expected_output_ = 0.9 * expected_output_ + 0.1 * info.completion_tokens;
       if (tbt > 0) view_.DecodeMeasured(run->decode, run->predicted_tbt_s, tbt);
       if (run->prefill_result && !local) {
@@ -641,7 +653,7 @@ class ConductorImpl final : public Conductor {
   }
 
   // One /v1/decode stream.
-  void RunOnDecode(RequestRun* run, bool local) {
+  void RunOnDecode(RequestRun* run, bool local) TANDEM_EXCLUDES(mu_) {
     const auto client = ClientOf(run->decode);
     if (!client) {
       run->error = Unavailable("decode worker " + run->decode + " is gone");
@@ -662,7 +674,7 @@ class ConductorImpl final : public Conductor {
       if (run->tokens == 0) run->first_token_at = Clock::now();
       ++run->tokens;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         view_.TokenEmitted(run->load.seq, run->decode);
       }
       if (cancel_all_.load() || !run->sink->OnToken(token)) {
@@ -675,7 +687,7 @@ class ConductorImpl final : public Conductor {
       switch (e.kind) {
         case DecodeEvent::Kind::kReserved: {
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             view_.ReservationMade(run->load.seq, run->decode, Clock::now());
           }
           if (!Prefill(run, e.reserved)) {
@@ -688,7 +700,7 @@ class ConductorImpl final : public Conductor {
         }
         case DecodeEvent::Kind::kToken:
           if (local && run->tokens == 0) {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             view_.PrefillDone(run->load, "", run->decode, -1, Clock::now());
           }
           return emit(e.token);
@@ -717,21 +729,23 @@ class ConductorImpl final : public Conductor {
   ConductorOptions options_;
   std::shared_ptr<spdlog::logger> log_;
 
-  std::mutex refresh_mu_;                        // held by one RefreshMembership at a time
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Clock::time_point last_refresh_{};             // guarded by mu_: last membership refresh
-  ClusterView view_;                             // guarded by mu_
-  std::vector<std::string> names_scratch_;       // guarded by mu_
-  std::mt19937_64 rng_;                          // guarded by mu_
-  uint64_t next_seq_ = 0;                        // guarded by mu_
-  double expected_output_ = 64;                  // guarded by mu_: moving average of outputs
-  int active_ = 0;                               // request threads running; guarded by mu_
-  int waiting_for_kv_ = 0;                       // guarded by mu_
-  std::map<uint64_t, std::thread> threads_;      // guarded by mu_
-  std::vector<uint64_t> finished_threads_;       // guarded by mu_: ended, to be joined
-  bool draining_ = false;                        // guarded by mu_
-  bool stop_ = false;                            // guarded by mu_
+  // Held by one RefreshMembership at a time (it guards no member). Lock order: refresh_mu_
+  // before mu_.
+  Mutex refresh_mu_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  Clock::time_point last_refresh_ TANDEM_GUARDED_BY(mu_) = {};  // last membership refresh
+  ClusterView view_ TANDEM_GUARDED_BY(mu_);
+  std::vector<std::string> names_scratch_ TANDEM_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ TANDEM_GUARDED_BY(mu_);
+  uint64_t next_seq_ TANDEM_GUARDED_BY(mu_) = 0;
+  double expected_output_ TANDEM_GUARDED_BY(mu_) = 64;  // moving average of outputs
+  int active_ TANDEM_GUARDED_BY(mu_) = 0;               // request threads running
+  int waiting_for_kv_ TANDEM_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::thread> threads_ TANDEM_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_threads_ TANDEM_GUARDED_BY(mu_);  // ended, to be joined
+  bool draining_ TANDEM_GUARDED_BY(mu_) = false;
+  bool stop_ TANDEM_GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_all_{false};
   std::atomic<double> retry_after_s_{1.0};
   ConductorMetrics metrics_;                     // thread-safe

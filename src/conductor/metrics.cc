@@ -50,17 +50,17 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
 }
 
 void ConductorMetrics::Reject(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   rejections_[reason]++;
 }
 
 void ConductorMetrics::CountSlo(bool met) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   (met ? slo_met_ : slo_missed_)++;
 }
 
 void ConductorMetrics::PrefillTokens(const std::string& outcome, int64_t tokens) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   prefill_tokens_[outcome] += tokens;
 }
 
@@ -136,7 +136,7 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   counter("tandem_kv_transfer_bytes_total", "KV bytes pushed from prefill to decode workers.",
           double(totals.kv_bytes));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     int64_t all = 0;
     for (const char* reason : {"ttft_slo", "tbt_slo", "no_decode_worker", "inflight_limit"}) {
       const auto it = rejections_.find(reason);

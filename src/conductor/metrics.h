@@ -9,11 +9,11 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/histogram.h"
+#include "common/mutex.h"
 #include "conductor/cluster_view.h"
 #include "serving/backend.h"
 
@@ -39,13 +39,13 @@ class ConductorMetrics {
     void Add(const ClusterView::Worker& w, const std::string& name, Clock::time_point now);
   };
 
-  void Reject(const std::string& reason);
-  void CountSlo(bool met);
-  void PrefillTokens(const std::string& outcome, int64_t tokens);
+  void Reject(const std::string& reason) TANDEM_EXCLUDES(mu_);
+  void CountSlo(bool met) TANDEM_EXCLUDES(mu_);
+  void PrefillTokens(const std::string& outcome, int64_t tokens) TANDEM_EXCLUDES(mu_);
   // Seconds; a measured value <= 0 or a prediction <= 0 is not observed.
   void ObservePrediction(double predicted_ttft, double measured_ttft, double predicted_tbt,
                          double measured_tbt);
-  void Export(const WorkerTotals& totals, serving::BackendStats* out) const;
+  void Export(const WorkerTotals& totals, serving::BackendStats* out) const TANDEM_EXCLUDES(mu_);
 
   std::atomic<int64_t> disaggregated{0};
   std::atomic<int64_t> fallbacks{0};
@@ -56,11 +56,12 @@ class ConductorMetrics {
   std::atomic<int64_t> restarts{0};
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::string, int64_t> rejections_;      // guarded by mu_
-  std::map<std::string, int64_t> prefill_tokens_;  // guarded by mu_
-  int64_t slo_met_ = 0, slo_missed_ = 0;           // guarded by mu_
-  Histogram predicted_ttft_, measured_ttft_, ttft_error_, tbt_error_;
+  mutable Mutex mu_;
+  std::map<std::string, int64_t> rejections_ TANDEM_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> prefill_tokens_ TANDEM_GUARDED_BY(mu_);
+  int64_t slo_met_ TANDEM_GUARDED_BY(mu_) = 0;
+  int64_t slo_missed_ TANDEM_GUARDED_BY(mu_) = 0;
+  Histogram predicted_ttft_, measured_ttft_, ttft_error_, tbt_error_;  // each has its own lock
 };
 
 }  // namespace tandem::conductor

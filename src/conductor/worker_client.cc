@@ -5,25 +5,12 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "common/http.h"
+
 namespace tandem::conductor {
 namespace {
 
 constexpr size_t kMaxIdleConnections = 16;
-
-int64_t MillisUntil(Clock::time_point t) {
-  if (t == Clock::time_point::max()) return 24LL * 3600 * 1000;
-  return std::clamp<int64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count(), 1,
-      24LL * 3600 * 1000);
-}
-
-void SetTimeouts(httplib::Client& c, Clock::time_point deadline) {
-  const int64_t ms = MillisUntil(deadline);
-  const int64_t connect_ms = std::min<int64_t>(ms, 2000);
-  c.set_connection_timeout(connect_ms / 1000, (connect_ms % 1000) * 1000);
-  c.set_read_timeout(ms / 1000, (ms % 1000) * 1000);
-  c.set_write_timeout(10, 0);
-}
 
 }  // namespace
 
@@ -34,26 +21,26 @@ std::unique_ptr<httplib::Client> WorkerClient::NewClient(Clock::time_point deadl
                                                          bool keep_alive) const {
   auto c = std::make_unique<httplib::Client>(host_, port_);
   c->set_keep_alive(keep_alive);
-  SetTimeouts(*c, deadline);
+  SetHttpClientDeadline(*c, deadline);
   return c;
 }
 
 std::unique_ptr<httplib::Client> WorkerClient::Take(Clock::time_point deadline) {
   std::unique_ptr<httplib::Client> c;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!idle_.empty()) {
       c = std::move(idle_.back());
       idle_.pop_back();
     }
   }
   if (!c) return NewClient(deadline, /*keep_alive=*/true);
-  SetTimeouts(*c, deadline);
+  SetHttpClientDeadline(*c, deadline);
   return c;
 }
 
 void WorkerClient::Give(std::unique_ptr<httplib::Client> c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(c));
 }
 

@@ -9,11 +9,11 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cluster/protocol.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace httplib {
@@ -57,14 +57,14 @@ class WorkerClient {
                 bool* connection_failed = nullptr);
 
  private:
-  std::unique_ptr<httplib::Client> Take(Clock::time_point deadline);
-  void Give(std::unique_ptr<httplib::Client> c);
+  std::unique_ptr<httplib::Client> Take(Clock::time_point deadline) TANDEM_EXCLUDES(mu_);
+  void Give(std::unique_ptr<httplib::Client> c) TANDEM_EXCLUDES(mu_);
   std::unique_ptr<httplib::Client> NewClient(Clock::time_point deadline, bool keep_alive) const;
 
   const std::string host_;
   const int port_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<httplib::Client>> idle_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<std::unique_ptr<httplib::Client>> idle_ TANDEM_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::conductor

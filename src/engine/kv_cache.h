@@ -28,6 +28,12 @@ struct KvCacheShape {
   int head_dim = 0;
   int block_tokens = 16;  // tokens per block
   int num_blocks = 0;
+
+  // KV bytes one token occupies: K and V, fp16, every layer (blocks add no padding when a
+  // layer slice is a multiple of 64 bytes, as for every model we ship).
+  int64_t BytesPerToken() const {
+    return int64_t{2} * n_layers * n_kv_heads * head_dim * static_cast<int64_t>(sizeof(uint16_t));
+  }
 };
 
 // Frees the cache's memory when it owns it (Create), not when the caller does (CreateOn).

@@ -14,6 +14,8 @@ TEST(KvCacheTest, LayerSlicesAreContiguousAndDisjoint) {
   // K and V of 2 heads x 4 tokens x 8 dims, fp16.
   EXPECT_EQ(kv->LayerSliceBytes(), 2u * 2 * 4 * 8 * 2);
   EXPECT_EQ(kv->BlockBytes(), 3 * kv->LayerSliceBytes());
+  // The per-token figure capacity planning uses is the layout's: a block holds block_tokens.
+  EXPECT_EQ(static_cast<int64_t>(kv->BlockBytes()), Shape().BytesPerToken() * 4);
   std::set<const uint8_t*> starts;
   for (int b = 0; b < 10; ++b) {
     for (int l = 0; l < 3; ++l) {

@@ -10,7 +10,7 @@
 
 #include <httplib.h>
 
-#include "common/listen_backlog.h"
+#include "common/http.h"
 #include "common/logging.h"
 #include "server/http_util.h"
 #include "server/openai_request.h"
@@ -58,17 +58,16 @@ class HttpServer::Impl {
   Status Bind() {
     // A client that goes away mid-write must not kill the process.
     ::signal(SIGPIPE, SIG_IGN);
-    if (options_.port == 0) {
-      port_ = http_.bind_to_any_port(options_.host);
-      if (port_ <= 0) return {StatusCode::kUnavailable, "cannot bind " + options_.host};
-    } else {
-      if (!http_.bind_to_port(options_.host, options_.port)) {
-        return {StatusCode::kUnavailable,
-                "cannot bind " + options_.host + ":" + std::to_string(options_.port)};
-      }
-      port_ = options_.port;
-    }
-    tandem::WidenListenBacklog(port_);
+    HttpServerSettings settings;
+    settings.threads = std::max(options_.http_threads, 4);
+    settings.read_timeout_s = 30;
+    settings.write_timeout_s = 30;
+    // Longer than common clients' idle expiry (httpx: 5 s), so that a client never reuses a
+    // connection the server is closing at that moment.
+    settings.keep_alive_timeout_s = 10;
+    settings.keep_alive_max_count = 1000;
+    TANDEM_ASSIGN_OR_RETURN(port_, BindHttpServer(http_, options_.host, options_.port, settings,
+                                                  "the HTTP server"));
     return OkStatus();
   }
 
@@ -147,15 +146,7 @@ class HttpServer::Impl {
 };
 
 void HttpServer::Impl::SetUpRoutes() {
-  const int threads = std::max(options_.http_threads, 4);
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_.set_payload_max_length(options_.max_body_bytes);
-  http_.set_read_timeout(30, 0);
-  http_.set_write_timeout(30, 0);
-  // Longer than common clients' idle expiry (httpx: 5 s), so that a client never reuses a
-  // connection the server is closing at that moment.
-  http_.set_keep_alive_timeout(10);
-  http_.set_keep_alive_max_count(1000);
 
   http_.set_pre_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });

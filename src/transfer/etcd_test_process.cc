@@ -17,22 +17,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/subprocess.h"
+
 namespace tandem::transfer::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Waits up to `wait` for the child to exit; true if it has (and is reaped).
-bool WaitExit(pid_t pid, std::chrono::milliseconds wait) {
-  const auto deadline = Clock::now() + wait;
-  while (true) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid || r < 0) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
 
 }  // namespace
 
@@ -95,23 +85,11 @@ StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(int start_timeout_ms) 
                                    "500",
                                    "--log-level",
                                    "warn"};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string log = etcd->dir_ + "/etcd.log";
-
-  const pid_t pid = fork();
-  if (pid < 0) return Internal("fork failed");
-  if (pid == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      close(fd);
-    }
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  SpawnOptions o;
+  o.argv = args;
+  o.output_file = etcd->dir_ + "/etcd.log";
+  TANDEM_ASSIGN_OR_RETURN(Subprocess child, Spawn(o));
+  const pid_t pid = child.pid;
   etcd->pid_ = pid;
 
   const auto deadline = Clock::now() + std::chrono::milliseconds(start_timeout_ms);
@@ -137,11 +115,7 @@ StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(int start_timeout_ms) 
 
 EtcdProcess::~EtcdProcess() {
   if (pid_ > 0) {
-    kill(pid_, SIGTERM);
-    if (!WaitExit(pid_, std::chrono::seconds(5))) {
-      kill(pid_, SIGKILL);
-      WaitExit(pid_, std::chrono::seconds(5));
-    }
+    StopProcess(pid_, SIGTERM, std::chrono::seconds(5));
   }
   if (!dir_.empty()) {
     std::error_code ec;

@@ -23,6 +23,12 @@ struct MetadataOptions {
   std::chrono::milliseconds timeout{2000};    // per remote call
 };
 
+// Thread-safety: thread-safe (every backend). Any method may be called from any thread, at once
+// (a store is usually shared through its shared_ptr); only the destructor must not race with a
+// call. There are no callbacks. The remote stores renew their lease on a background thread of
+// their own that holds the store's lock while it talks to the server, so a Put or Delete may
+// wait for a renewal in progress (each remote call is bounded by MetadataOptions::timeout); Get
+// and List never wait for it.
 class MetadataStore {
  public:
   virtual ~MetadataStore() = default;  // revokes the lease: this client's keys disappear

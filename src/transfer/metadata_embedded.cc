@@ -3,9 +3,9 @@
 // (the in-process analogue of a lease being revoked).
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "transfer/metadata_internal.h"
 
 namespace tandem::transfer::internal {
@@ -14,27 +14,29 @@ namespace {
 // One named map. Shared (shared_ptr) by the stores opened on it; freed with the last of them.
 class SharedMap {
  public:
-  Status Put(uint64_t owner, const std::string& key, const std::string& value) {
-    std::lock_guard<std::mutex> lock(mu_);
+  Status Put(uint64_t owner, const std::string& key, const std::string& value)
+      TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     entries_[key] = Entry{value, owner};
     return OkStatus();
   }
 
-  StatusOr<std::string> Get(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<std::string> Get(const std::string& key) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return NotFound("metadata key not found: " + key);
     return it->second.value;
   }
 
-  Status Delete(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+  Status Delete(const std::string& key) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     entries_.erase(key);
     return OkStatus();
   }
 
-  std::vector<std::pair<std::string, std::string>> List(const std::string& prefix) {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, std::string>> List(const std::string& prefix)
+      TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     std::vector<std::pair<std::string, std::string>> out;
     // std::map is sorted by key, so the keys with `prefix` form one contiguous run.
     for (auto it = entries_.lower_bound(prefix);
@@ -45,8 +47,8 @@ class SharedMap {
   }
 
   // Removes every key last written by `owner`.
-  void RemoveOwner(uint64_t owner) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void RemoveOwner(uint64_t owner) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     std::erase_if(entries_, [owner](const auto& kv) { return kv.second.owner == owner; });
   }
 
@@ -55,8 +57,8 @@ class SharedMap {
     std::string value;
     uint64_t owner;  // id of the EmbeddedStore that wrote it last
   };
-  std::mutex mu_;
-  std::map<std::string, Entry> entries_;
+  Mutex mu_;
+  std::map<std::string, Entry> entries_ TANDEM_GUARDED_BY(mu_);
 };
 
 // name -> map, for as long as some store holds the map.
@@ -67,8 +69,8 @@ class Registry {
     return *registry;
   }
 
-  std::shared_ptr<SharedMap> Open(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<SharedMap> Open(const std::string& name) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     std::shared_ptr<SharedMap> map = maps_[name].lock();
     if (!map) {
       map = std::make_shared<SharedMap>();
@@ -77,15 +79,15 @@ class Registry {
     return map;
   }
 
-  uint64_t NextOwnerId() {
-    std::lock_guard<std::mutex> lock(mu_);
+  uint64_t NextOwnerId() TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return ++last_owner_id_;
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::weak_ptr<SharedMap>> maps_;
-  uint64_t last_owner_id_ = 0;
+  Mutex mu_;
+  std::unordered_map<std::string, std::weak_ptr<SharedMap>> maps_ TANDEM_GUARDED_BY(mu_);
+  uint64_t last_owner_id_ TANDEM_GUARDED_BY(mu_) = 0;
 };
 
 class EmbeddedStore final : public MetadataStore {

@@ -25,6 +25,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/http.h"
 #include "common/logging.h"
 #include "transfer/metadata_http_protocol.h"
 #include "transfer/metadata_internal.h"
@@ -213,15 +214,6 @@ class KvState {
 class HttpServerImpl final : public MetadataHttpServer {
  public:
   HttpServerImpl() {
-    // Clients do not keep connections, but a burst of them should not queue behind a few
-    // workers.
-    server_.new_task_queue = [] { return new httplib::ThreadPool(16); };
-    // httplib's default also sets SO_REUSEPORT, which would let a second server bind the same
-    // port and silently take half the requests: keep only SO_REUSEADDR.
-    server_.set_socket_options([](socket_t sock) {
-      int yes = 1;
-      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    });
     Route(proto::kLeaseGrant, &KvState::Grant);
     Route(proto::kLeaseKeepAlive, &KvState::KeepAlive);
     Route(proto::kLeaseRevoke, &KvState::Revoke);
@@ -240,15 +232,10 @@ class HttpServerImpl final : public MetadataHttpServer {
   }
 
   Status Listen(const std::string& host, int port) {
-    if (port == 0) {
-      port_ = server_.bind_to_any_port(host);
-    } else {
-      port_ = server_.bind_to_port(host, port) ? port : -1;
-    }
-    if (port_ <= 0) {
-      return Unavailable("metadata server cannot listen on " + host + ":" +
-                                   std::to_string(port));
-    }
+    // Clients do not keep connections, but a burst of them should not queue behind a few
+    // threads: 16 threads and the widened backlog; otherwise httplib's defaults.
+    TANDEM_ASSIGN_OR_RETURN(port_, BindHttpServer(server_, host, port, HttpServerSettings{},
+                                                  "metadata server"));
     // The socket already listens; connections queue until the thread accepts them.
     thread_ = std::thread([this] {
       server_.listen_after_bind();

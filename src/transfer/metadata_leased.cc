@@ -35,10 +35,10 @@ LeasedStore::LeasedStore(std::unique_ptr<KvBackend> backend, std::chrono::millis
 
 LeasedStore::~LeasedStore() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   renewer_.join();
   const Status st = backend_->Revoke(lease_.id);
   if (!st.ok()) {
@@ -49,9 +49,13 @@ LeasedStore::~LeasedStore() {
 }
 
 void LeasedStore::RenewLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stopping_) {
-    wake_.wait_for(lock, RenewPeriod(lease_), [this] { return stopping_; });
+    // The predicate runs inside the wait, with mu_ held.
+    wake_.WaitFor(&mu_, RenewPeriod(lease_), [this] {
+      mu_.AssertHeld();
+      return stopping_;
+    });
     if (stopping_) break;
     Status st = backend_->KeepAlive(lease_.id);
     if (st.code() == StatusCode::kNotFound) {
@@ -78,7 +82,7 @@ Status LeasedStore::RecoverLocked() {
 
 Status LeasedStore::Put(const std::string& key, const std::string& value) {
   TANDEM_RETURN_IF_ERROR(CheckKey(key));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status st = backend_->Put(key, value, lease_.id);
   if (st.code() == StatusCode::kNotFound) {  // the lease lapsed before the renewer noticed
     TANDEM_RETURN_IF_ERROR(RecoverLocked());
@@ -97,7 +101,7 @@ StatusOr<std::string> LeasedStore::Get(const std::string& key) {
 Status LeasedStore::Delete(const std::string& key) {
   TANDEM_RETURN_IF_ERROR(CheckKey(key));
   TANDEM_RETURN_IF_ERROR(backend_->Delete(key));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   own_.erase(key);
   return OkStatus();
 }

@@ -4,16 +4,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transfer/metadata.h"
 
 namespace tandem::transfer::internal {
@@ -52,29 +51,29 @@ class LeasedStore final : public MetadataStore {
   // Stops the renewal thread, then revokes the lease so this client's keys go at once.
   ~LeasedStore() override;
 
-  Status Put(const std::string& key, const std::string& value) override;
+  Status Put(const std::string& key, const std::string& value) override TANDEM_EXCLUDES(mu_);
   StatusOr<std::string> Get(const std::string& key) override;
-  Status Delete(const std::string& key) override;
+  Status Delete(const std::string& key) override TANDEM_EXCLUDES(mu_);
   StatusOr<std::vector<std::pair<std::string, std::string>>> List(
       const std::string& prefix) override;
 
  private:
   LeasedStore(std::unique_ptr<KvBackend> backend, std::chrono::milliseconds ttl,
               KvBackend::Lease lease);
-  void RenewLoop();
+  void RenewLoop() TANDEM_EXCLUDES(mu_);
   // The lease was lost (e.g. this process was stalled past the TTL): grants a new one and
-  // writes this client's keys again under it. Requires mu_.
-  Status RecoverLocked();
+  // writes this client's keys again under it.
+  Status RecoverLocked() TANDEM_REQUIRES(mu_);
 
   const std::unique_ptr<KvBackend> backend_;
   const std::chrono::milliseconds requested_ttl_;
 
-  std::mutex mu_;  // guards everything below; held across the lease's remote calls
-  std::condition_variable wake_;
-  bool stopping_ = false;
-  KvBackend::Lease lease_;
+  Mutex mu_;  // guards everything below; held across the lease's remote calls
+  CondVar wake_;
+  bool stopping_ TANDEM_GUARDED_BY(mu_) = false;
+  KvBackend::Lease lease_ TANDEM_GUARDED_BY(mu_);
   // The keys this client wrote (and has not deleted), to write again after a lost lease.
-  std::map<std::string, std::string> own_;
+  std::map<std::string, std::string> own_ TANDEM_GUARDED_BY(mu_);
 
   std::thread renewer_;  // last member: started after the others are initialised
 };

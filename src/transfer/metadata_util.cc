@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "common/http.h"
 #include "transfer/metadata_internal.h"
 
 namespace tandem::transfer::internal {
@@ -78,9 +79,7 @@ StatusOr<JsonReply> PostJson(const std::string& host, int port, const std::strin
   const std::string where = host + ":" + std::to_string(port) + path;
   // One client per call: no connection is kept, so calls from several threads never share one.
   httplib::Client client(host, port);
-  client.set_connection_timeout(timeout);
-  client.set_read_timeout(timeout);
-  client.set_write_timeout(timeout);
+  SetHttpClientDeadline(client, std::chrono::steady_clock::now() + timeout, timeout, timeout);
   httplib::Result res = client.Post(path, body.dump(), "application/json");
   if (!res) {
     return Unavailable("metadata server " + where +

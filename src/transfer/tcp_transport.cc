@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "transfer/tcp_transport_wire.h"
 
 namespace tandem::transfer {
@@ -63,14 +64,14 @@ class TcpConnection {
   }
 
   // Queues op. False (op untouched) once the connection is broken.
-  bool Enqueue(const OpPtr& op) {
+  bool Enqueue(const OpPtr& op) TANDEM_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (broken_.load(std::memory_order_relaxed)) return false;
       queue_.push_back(op);
       pending_bytes_.fetch_add(static_cast<int64_t>(op->length), std::memory_order_relaxed);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     return true;
   }
 
@@ -80,20 +81,20 @@ class TcpConnection {
 
   // Marks the connection broken with `reason` (the first reason wins) and shuts the socket down
   // so that blocked I/O returns. Never blocks on I/O; idempotent.
-  void Break(Status reason) {
+  void Break(Status reason) TANDEM_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!broken_.load(std::memory_order_relaxed)) {
         break_reason_ = std::move(reason);
         broken_.store(true, std::memory_order_release);
       }
       if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
  private:
-  void SenderMain() {
+  void SenderMain() TANDEM_EXCLUDES(mu_) {
     if (!Connect()) {
       FinishSender();
       Teardown();  // the receiver never started: this thread owns the teardown
@@ -104,21 +105,25 @@ class TcpConnection {
     auto aborted = [this] { return broken(); };
     for (;;) {
       OpPtr op;
+      bool expired = false;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return broken() || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        while (!broken() && queue_.empty()) cv_.Wait(&mu_);
         if (broken()) break;
         op = std::move(queue_.front());
         queue_.pop_front();
         if (Clock::now() > op->deadline) {
-          lock.unlock();
-          Complete(op, DeadlineExceeded("tcp request to " + endpoint_ +
-                                        " not started before its deadline"));
-          continue;
+          expired = true;  // completed below, without mu_
+        } else {
+          op->id = next_id_++;
+          outstanding_.emplace(op->id, op);
+          sending_id_ = op->id;
         }
-        op->id = next_id_++;
-        outstanding_.emplace(op->id, op);
-        sending_id_ = op->id;
+      }
+      if (expired) {
+        Complete(op, DeadlineExceeded("tcp request to " + endpoint_ +
+                                      " not started before its deadline"));
+        continue;
       }
       wire::Header h;
       h.type = op->type;
@@ -142,10 +147,10 @@ class TcpConnection {
       int err = 0;
       const IoResult r = SendAll(fd, iov, n, aborted, &err);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         sending_id_ = 0;
       }
-      cv_.notify_all();
+      cv_.NotifyAll();
       if (r == IoResult::kError) {
         Break(Unavailable(ErrnoStatus("send to " + endpoint_, err).message()));
         break;
@@ -156,14 +161,14 @@ class TcpConnection {
   }
 
   // Connects with a bounded wait; queued requests past their deadline are failed meanwhile.
-  bool Connect() {
+  bool Connect() TANDEM_EXCLUDES(mu_) {
     auto sock = StartConnect(host_, port_);
     if (!sock.ok()) {
       Break(Unavailable(sock.status().message()));
       return false;
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       fd_ = std::move(*sock);
       if (broken()) return false;
     }
@@ -183,15 +188,15 @@ class TcpConnection {
     }
   }
 
-  void FinishSender() {
+  void FinishSender() TANDEM_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       sender_done_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
-  void ReceiverMain() {
+  void ReceiverMain() TANDEM_EXCLUDES(mu_) {
     const int fd = fd_.get();
     auto should_abort = [this] { return broken() || CheckDeadlines(); };
     for (;;) {
@@ -219,7 +224,7 @@ class TcpConnection {
       if (!WaitNotSending(h.id)) break;
       OpPtr op;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         auto it = outstanding_.find(h.id);
         if (it != outstanding_.end()) op = it->second;
       }
@@ -243,7 +248,7 @@ class TcpConnection {
         }
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         outstanding_.erase(h.id);
       }
       Complete(op, std::move(st));
@@ -252,19 +257,19 @@ class TcpConnection {
   }
 
   // False when the connection broke (or a deadline passed) while waiting.
-  bool WaitNotSending(uint64_t id) {
+  bool WaitNotSending(uint64_t id) TANDEM_EXCLUDES(mu_) {
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (sending_id_ != id) return true;
-        cv_.wait_for(lock, std::chrono::milliseconds(20));
+        cv_.WaitUntil(&mu_, Clock::now() + std::chrono::milliseconds(20));
         if (sending_id_ != id) return true;
       }
       if (broken() || CheckDeadlines()) return false;
     }
   }
 
-  void BreakOnIo(IoResult r, int err) {
+  void BreakOnIo(IoResult r, int err) TANDEM_EXCLUDES(mu_) {
     if (r == IoResult::kClosed) {
       Break(Unavailable("peer " + endpoint_ + " closed the connection"));
     } else if (r == IoResult::kError) {
@@ -276,14 +281,14 @@ class TcpConnection {
   // Fails queued requests past their deadline (nothing of theirs was sent). Returns true, after
   // breaking the connection, when a request that started sending is past its deadline. Cheap
   // when called often: scans at most every kDeadlineCheckPeriod.
-  bool CheckDeadlines() {
+  bool CheckDeadlines() TANDEM_EXCLUDES(mu_) {
     const auto now = Clock::now();
     if (now < next_check_) return false;
     next_check_ = now + kDeadlineCheckPeriod;
     std::vector<OpPtr> expired;
     bool started_expired = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (auto it = queue_.begin(); it != queue_.end();) {
         if ((*it)->deadline < now) {
           expired.push_back(std::move(*it));
@@ -312,21 +317,26 @@ class TcpConnection {
 
   // Waits until the sender thread stopped touching buffers, then completes every remaining op:
   // those past their deadline with kDeadlineExceeded, the others with the break reason.
-  void Teardown() {
+  void Teardown() TANDEM_EXCLUDES(mu_) {
     std::deque<OpPtr> queued;
     std::unordered_map<uint64_t, OpPtr> outstanding;
     Status reason;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!broken_.load(std::memory_order_relaxed)) {
         break_reason_ = Unavailable("connection to " + endpoint_ + " closed");
         broken_.store(true, std::memory_order_release);
       }
       if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
-      cv_.notify_all();
+      cv_.NotifyAll();
       // SendAll notices broken_ within one 50 ms send-timeout slice (or at once on EPIPE).
+      // (The predicate runs inside the wait, with mu_ held.)
+      auto sender_done = [this] {
+        mu_.AssertHeld();
+        return sender_done_;
+      };
       while (!sender_done_) {
-        if (!cv_.wait_for(lock, std::chrono::seconds(5), [this] { return sender_done_; })) {
+        if (!cv_.WaitFor(&mu_, std::chrono::seconds(5), sender_done)) {
           GetLogger("transfer")->error("tcp sender to {} slow to stop", endpoint_);
         }
       }
@@ -348,7 +358,8 @@ class TcpConnection {
     finished_.store(true, std::memory_order_release);
   }
 
-  void Complete(const OpPtr& op, Status st) {
+  // Runs op's callback; never with mu_ held (see the class invariants).
+  void Complete(const OpPtr& op, Status st) TANDEM_EXCLUDES(mu_) {
     pending_bytes_.fetch_sub(static_cast<int64_t>(op->length), std::memory_order_relaxed);
     CompletionCallback done = std::move(op->done);
     if (done) done(std::move(st));
@@ -358,16 +369,18 @@ class TcpConnection {
   const int port_;
   const std::string endpoint_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  UniqueFd fd_;                                   // see the class invariants
-  std::deque<OpPtr> queue_;                       // guarded by mu_
-  std::unordered_map<uint64_t, OpPtr> outstanding_;  // guarded by mu_
-  uint64_t next_id_ = 1;                          // guarded by mu_
-  uint64_t sending_id_ = 0;                       // op inside SendAll, 0 if none; guarded by mu_
-  bool sender_done_ = false;                      // guarded by mu_
-  Status break_reason_;                           // guarded by mu_
-  std::atomic<bool> broken_{false};               // written under mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  // Not annotated: assigned once under mu_, then read without it by the sender and receiver
+  // threads (which start using it only after the assignment); see the class invariants.
+  UniqueFd fd_;
+  std::deque<OpPtr> queue_ TANDEM_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, OpPtr> outstanding_ TANDEM_GUARDED_BY(mu_);
+  uint64_t next_id_ TANDEM_GUARDED_BY(mu_) = 1;
+  uint64_t sending_id_ TANDEM_GUARDED_BY(mu_) = 0;  // op inside SendAll, 0 if none
+  bool sender_done_ TANDEM_GUARDED_BY(mu_) = false;
+  Status break_reason_ TANDEM_GUARDED_BY(mu_);
+  std::atomic<bool> broken_{false};               // written under mu_, read without it
   std::atomic<bool> finished_{false};             // teardown done: no op left, threads ending
   std::atomic<int64_t> pending_bytes_{0};         // queued + outstanding payload bytes
   Clock::time_point next_check_{};                // receiver (or connecting sender) thread only
@@ -390,12 +403,12 @@ struct PeerTable {
   explicit PeerTable(int per_peer) : connections_per_peer(per_peer) {}
 
   // Sends op on a connection to `endpoint`, or completes it with an error.
-  void Enqueue(const std::string& endpoint, const OpPtr& op) {
+  void Enqueue(const std::string& endpoint, const OpPtr& op) TANDEM_EXCLUDES(mu) {
     Status error;
     {
       // Enqueue under the table lock: the janitor may destroy a connection that breaks, but
       // only after taking it out of the table under this lock.
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       for (int attempt = 0; attempt <= connections_per_peer; ++attempt) {
         if (stopping) {
           error = Cancelled("transfer engine shutting down");
@@ -416,7 +429,7 @@ struct PeerTable {
 
   // The live connection with the fewest queued bytes; opens a new one in a free (or broken)
   // slot while every live connection has work. Called with mu held.
-  TcpConnection* Pick(const std::string& endpoint, Peer& peer) {
+  TcpConnection* Pick(const std::string& endpoint, Peer& peer) TANDEM_REQUIRES(mu) {
     TcpConnection* best = nullptr;
     int free_slot = -1;
     for (size_t i = 0; i < peer.conns.size(); ++i) {
@@ -436,9 +449,9 @@ struct PeerTable {
     return best;
   }
 
-  void Release(const std::string& endpoint) {
+  void Release(const std::string& endpoint) TANDEM_EXCLUDES(mu) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       auto it = peers.find(endpoint);
       if (it == peers.end() || --it->second.open_segments > 0) return;
       for (auto& c : it->second.conns) {
@@ -448,15 +461,15 @@ struct PeerTable {
       }
       peers.erase(it);
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
 
   const int connections_per_peer;
-  std::mutex mu;
-  std::condition_variable cv;  // wakes the janitor
-  bool stopping = false;       // guarded by mu
-  std::map<std::string, Peer> peers;                      // guarded by mu
-  std::vector<std::unique_ptr<TcpConnection>> retired;    // guarded by mu; janitor destroys
+  Mutex mu;
+  CondVar cv;  // wakes the janitor
+  bool stopping TANDEM_GUARDED_BY(mu) = false;
+  std::map<std::string, Peer> peers TANDEM_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<TcpConnection>> retired TANDEM_GUARDED_BY(mu);  // janitor destroys
 };
 
 namespace {
@@ -505,7 +518,7 @@ TcpTransport::TcpTransport(std::unique_ptr<TcpServer> server, std::string endpoi
 TcpTransport::~TcpTransport() {
   std::vector<std::unique_ptr<TcpConnection>> all;
   {
-    std::lock_guard<std::mutex> lock(peers_->mu);
+    MutexLock lock(&peers_->mu);
     peers_->stopping = true;
     for (auto& [endpoint, peer] : peers_->peers) {
       for (auto& c : peer.conns) {
@@ -515,7 +528,7 @@ TcpTransport::~TcpTransport() {
     for (auto& c : peers_->retired) all.push_back(std::move(c));
     peers_->retired.clear();
   }
-  peers_->cv.notify_all();
+  peers_->cv.NotifyAll();
   if (janitor_.joinable()) janitor_.join();
   for (auto& c : all) c->Break(Cancelled("transfer engine shutting down"));
   all.clear();  // joins every connection's threads; their requests end with kCancelled
@@ -526,8 +539,8 @@ void TcpTransport::JanitorLoop() {
   for (;;) {
     std::vector<std::unique_ptr<TcpConnection>> doomed;
     {
-      std::unique_lock<std::mutex> lock(peers_->mu);
-      peers_->cv.wait_for(lock, std::chrono::milliseconds(100));
+      MutexLock lock(&peers_->mu);
+      peers_->cv.WaitUntil(&peers_->mu, Clock::now() + std::chrono::milliseconds(100));
       if (peers_->stopping) return;  // the destructor takes over
       for (auto& [endpoint, peer] : peers_->peers) {
         for (auto& c : peer.conns) {
@@ -560,7 +573,7 @@ bool TcpTransport::CanReach(const SegmentDescriptor& remote) const {
 StatusOr<std::unique_ptr<RemoteSegment>> TcpTransport::Open(const SegmentDescriptor& remote) {
   TANDEM_ASSIGN_OR_RETURN(auto host_port, ParseEndpoint(remote.tcp_endpoint));
   {
-    std::lock_guard<std::mutex> lock(peers_->mu);
+    MutexLock lock(&peers_->mu);
     if (peers_->stopping) return Cancelled("transfer engine shutting down");
     auto& peer = peers_->peers[remote.tcp_endpoint];
     if (peer.conns.empty()) {
@@ -603,7 +616,7 @@ void TcpTransport::Notify(RemoteSegment& segment, const std::string& from,
 }
 
 int TcpTransport::open_connections() const {
-  std::lock_guard<std::mutex> lock(peers_->mu);
+  MutexLock lock(&peers_->mu);
   int n = 0;
   for (const auto& [endpoint, peer] : peers_->peers) {
     for (const auto& c : peer.conns) n += (c != nullptr && !c->finished()) ? 1 : 0;

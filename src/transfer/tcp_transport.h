@@ -16,13 +16,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transfer/transfer_util.h"
 #include "transfer/transport.h"
 
@@ -45,7 +44,7 @@ class TcpServer {
   ~TcpServer();
   int port() const { return port_; }
   // Connections currently being served (for tests).
-  int active_connections();
+  int active_connections() TANDEM_EXCLUDES(mu_);
 
  private:
   struct Conn {
@@ -54,16 +53,16 @@ class TcpServer {
     std::atomic<bool> finished{false};
   };
   TcpServer(TransportHost* host, UniqueFd listener, int port);
-  void AcceptLoop();
+  void AcceptLoop() TANDEM_EXCLUDES(mu_);
   void Serve(Conn* conn);
-  void ReapFinished(bool all);
+  void ReapFinished(bool all) TANDEM_EXCLUDES(mu_);
 
   TransportHost* const host_;
   UniqueFd listener_;
   const int port_;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::vector<std::unique_ptr<Conn>> conns_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<std::unique_ptr<Conn>> conns_ TANDEM_GUARDED_BY(mu_);
   std::thread accept_thread_;
 };
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "transfer/tcp_transport.h"
 #include "transfer/tcp_transport_wire.h"
 
@@ -66,14 +67,14 @@ TcpServer::~TcpServer() {
   stopping_.store(true, std::memory_order_release);
   if (accept_thread_.joinable()) accept_thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& c : conns_) ::shutdown(c->fd.get(), SHUT_RDWR);
   }
   ReapFinished(/*all=*/true);
 }
 
 int TcpServer::active_connections() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   int n = 0;
   for (auto& c : conns_) n += c->finished.load() ? 0 : 1;
   return n;
@@ -82,7 +83,7 @@ int TcpServer::active_connections() {
 void TcpServer::ReapFinished(bool all) {
   std::vector<std::unique_ptr<Conn>> done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = conns_.begin(); it != conns_.end();) {
       if (all || (*it)->finished.load(std::memory_order_acquire)) {
         done.push_back(std::move(*it));
@@ -117,7 +118,7 @@ void TcpServer::AcceptLoop() {
     auto conn = std::make_unique<Conn>();
     conn->fd = UniqueFd(fd);
     Conn* raw = conn.get();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     conns_.push_back(std::move(conn));
     raw->thread = std::thread([this, raw] { Serve(raw); });
   }

@@ -5,8 +5,11 @@
 #include "transfer/transfer_engine.h"
 
 #include <algorithm>
+#include <mutex>
+#include <shared_mutex>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "transfer/shm_transport.h"
 #include "transfer/tcp_transport.h"
 #include "transfer/transfer_engine_internal.h"
@@ -59,10 +62,10 @@ Status TransferEngineImpl::Init() {
 TransferEngineImpl::~TransferEngineImpl() {
   shutting_down_.store(true, std::memory_order_release);
   {
-    std::lock_guard<std::mutex> lock(batch_mu_);
+    MutexLock lock(&batch_mu_);
     stopping_ = true;
   }
-  reaper_cv_.notify_all();
+  reaper_cv_.NotifyAll();
   if (reaper_.joinable()) reaper_.join();
   {
     std::unique_lock<std::shared_mutex> lock(open_mu_);
@@ -76,7 +79,7 @@ TransferEngineImpl::~TransferEngineImpl() {
   tcp_ = nullptr;
   // Every request is terminal now; wake waiters (a notification never sent settles here).
   {
-    std::lock_guard<std::mutex> lock(batch_mu_);
+    MutexLock lock(&batch_mu_);
     for (auto& [id, batch] : batches_) {
       SettleBatch(batch, Cancelled("transfer engine shut down"));
     }
@@ -105,7 +108,7 @@ Transport* TransferEngineImpl::TransportFor(Protocol p) const {
 // ---- Notifications and counters ------------------------------------------------------------
 
 void TransferEngineImpl::SetNotificationHandler(std::function<void(const Notification&)> handler) {
-  std::lock_guard<std::mutex> lock(handler_mu_);
+  MutexLock lock(&handler_mu_);
   handler_ = std::move(handler);
 }
 
@@ -113,7 +116,7 @@ void TransferEngineImpl::DeliverNotification(const Notification& notification) {
   notifications_received_.fetch_add(1, std::memory_order_relaxed);
   std::function<void(const Notification&)> handler;
   {
-    std::lock_guard<std::mutex> lock(handler_mu_);
+    MutexLock lock(&handler_mu_);
     handler = handler_;
   }
   if (handler) {

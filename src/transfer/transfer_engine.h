@@ -14,6 +14,13 @@
 //   BatchStatus s = (*te)->WaitBatch(*batch);                       // returns by the deadline
 //   (*te)->FreeBatch(*batch);
 //
+// Thread-safety: thread-safe. Every method may be called from any thread, concurrently with the
+// others (only the destructor must not race with any call). Data moves on the engine's own
+// threads (the worker pool and the transports' threads; a reaper thread enforces deadlines).
+// The notification handler runs on a TCP listener thread, one per sending connection (so calls
+// for different senders may overlap), with no engine lock held: it may call the engine, but not
+// destroy it.
+//
 // Invariants:
 // - Every request ends in exactly one terminal state (completed, failed with a reason, timed
 //   out); WaitBatch never waits past the batch deadline (plus a small reaping slack).

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "transfer/transfer_engine_internal.h"
 #include "transfer/transfer_util.h"
 
@@ -94,24 +95,29 @@ StatusOr<BatchId> TransferEngineImpl::SubmitBatch(std::span<const TransferReques
     rs.slices_left.store(static_cast<uint32_t>((requests[i].length + slice - 1) / slice));
   }
   if (!batch->notification.empty()) {
-    batch->target = targets[0];
-    std::lock_guard<std::mutex> lock(batch->target->notify_mu);
-    if (batch->target->notify_remote == nullptr) {
-      // Notifications always travel over TCP to the owner's listener.
-      auto remote = tcp_->Open(batch->target->desc);
-      if (!remote.ok()) {
-        return refuse(remote.status().WithContext("notification path to '" +
-                                                  batch->target->desc.name + "'"));
+    const std::shared_ptr<OpenedSegment>& target = targets[0];
+    {
+      MutexLock lock(&target->notify_mu);
+      if (target->notify_remote == nullptr) {
+        // Notifications always travel over TCP to the owner's listener.
+        auto remote = tcp_->Open(target->desc);
+        if (!remote.ok()) {
+          return refuse(remote.status().WithContext("notification path to '" +
+                                                    target->desc.name + "'"));
+        }
+        target->notify_remote = std::move(*remote);
       }
-      batch->target->notify_remote = std::move(*remote);
     }
+    // No other thread sees the batch yet; the lock is for the annotations (uncontended).
+    MutexLock lock(&batch->mu);
+    batch->target = target;
   }
   {
-    std::lock_guard<std::mutex> lock(batch_mu_);
+    MutexLock lock(&batch_mu_);
     batch->id = next_batch_++;
     batches_[batch->id] = batch;
   }
-  reaper_cv_.notify_all();
+  reaper_cv_.NotifyAll();
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
     const uint64_t slice = std::max<uint64_t>(targets[i]->transport->caps().slice_bytes, 4096);
@@ -138,13 +144,13 @@ StatusOr<BatchId> TransferEngineImpl::SubmitBatch(std::span<const TransferReques
 void TransferEngineImpl::OnSliceDone(const std::shared_ptr<Batch>& batch, size_t index, Status st) {
   RequestState& rs = batch->requests[index];
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(rs.error_mu);
+    MutexLock lock(&rs.error_mu);
     if (rs.slice_error.ok()) rs.slice_error = std::move(st);
   }
   if (rs.slices_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   Status final_status;
   {
-    std::lock_guard<std::mutex> lock(rs.error_mu);
+    MutexLock lock(&rs.error_mu);
     final_status = rs.slice_error;
   }
   if (!Finish(batch, index, std::move(final_status))) {
@@ -194,13 +200,13 @@ void TransferEngineImpl::OnRequestsDone(const std::shared_ptr<Batch>& batch) {
   }
   std::shared_ptr<OpenedSegment> target;
   {
-    std::lock_guard<std::mutex> lock(batch->mu);
+    MutexLock lock(&batch->mu);
     if (batch->done) return;  // settled meanwhile (reaped or shut down)
     target = batch->target;
   }
   std::shared_ptr<RemoteSegment> remote;
   {
-    std::lock_guard<std::mutex> lock(target->notify_mu);
+    MutexLock lock(&target->notify_mu);
     remote = target->notify_remote;
   }
   target.reset();
@@ -214,14 +220,14 @@ void TransferEngineImpl::OnRequestsDone(const std::shared_ptr<Batch>& batch) {
 
 void TransferEngineImpl::SettleBatch(const std::shared_ptr<Batch>& batch, Status notify_error) {
   {
-    std::lock_guard<std::mutex> lock(batch->mu);
+    MutexLock lock(&batch->mu);
     if (batch->done) return;
     batch->done = true;
     batch->notify_error = std::move(notify_error);
     // A settled batch holds no segment: closing the handle then releases it at once.
     batch->target.reset();
   }
-  batch->cv.notify_all();
+  batch->cv.NotifyAll();
 }
 
 void TransferEngineImpl::Reap(const std::shared_ptr<Batch>& batch) {
@@ -246,14 +252,14 @@ void TransferEngineImpl::Reap(const std::shared_ptr<Batch>& batch) {
 }
 
 void TransferEngineImpl::ReaperLoop() {
-  std::unique_lock<std::mutex> lock(batch_mu_);
+  MutexLock lock(&batch_mu_);
   while (!stopping_) {
     const auto now = Clock::now();
     auto next = now + std::chrono::milliseconds(200);
     std::vector<std::shared_ptr<Batch>> due;
     for (auto& [id, batch] : batches_) {
       {
-        std::lock_guard<std::mutex> block(batch->mu);
+        MutexLock block(&batch->mu);
         if (batch->done) continue;
       }
       const auto reap_at = ReapTime(batch->deadline);
@@ -264,17 +270,17 @@ void TransferEngineImpl::ReaperLoop() {
       }
     }
     if (!due.empty()) {
-      lock.unlock();
+      batch_mu_.Unlock();  // Reap takes Batch::mu and runs completions
       for (auto& b : due) Reap(b);
-      lock.lock();
+      batch_mu_.Lock();
       continue;
     }
-    reaper_cv_.wait_until(lock, next);
+    reaper_cv_.WaitUntil(&batch_mu_, next);
   }
 }
 
 std::shared_ptr<Batch> TransferEngineImpl::LookupBatch(BatchId id) const {
-  std::lock_guard<std::mutex> lock(batch_mu_);
+  MutexLock lock(&batch_mu_);
   auto it = batches_.find(id);
   return it == batches_.end() ? nullptr : it->second;
 }
@@ -298,7 +304,7 @@ BatchStatus TransferEngineImpl::Summarize(const Batch& batch) const {
   bool done = false;
   Status notify_error;
   {
-    std::lock_guard<std::mutex> lock(batch.mu);
+    MutexLock lock(&batch.mu);
     done = batch.done;
     notify_error = batch.notify_error;
   }
@@ -348,26 +354,31 @@ BatchStatus TransferEngineImpl::GetBatchStatus(BatchId id) const {
 BatchStatus TransferEngineImpl::WaitBatch(BatchId id) {
   auto batch = LookupBatch(id);
   if (batch == nullptr) return GetBatchStatus(id);
+  // The predicate runs inside CondVar's wait, with batch->mu held.
+  auto done = [&] {
+    batch->mu.AssertHeld();
+    return batch->done;
+  };
   {
-    std::unique_lock<std::mutex> lock(batch->mu);
-    batch->cv.wait_until(lock, ReapTime(batch->deadline), [&] { return batch->done; });
+    MutexLock lock(&batch->mu);
+    batch->cv.WaitUntil(&batch->mu, ReapTime(batch->deadline), done);
   }
   Reap(batch);  // no-op unless the transports missed the deadline
   {
     // Reap may have raced with a request finishing on another thread; that thread settles the
     // batch within microseconds, and the bound here keeps WaitBatch finite regardless.
-    std::unique_lock<std::mutex> lock(batch->mu);
-    batch->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return batch->done; });
+    MutexLock lock(&batch->mu);
+    batch->cv.WaitFor(&batch->mu, std::chrono::milliseconds(50), done);
   }
   return Summarize(*batch);
 }
 
 Status TransferEngineImpl::FreeBatch(BatchId id) {
-  std::lock_guard<std::mutex> lock(batch_mu_);
+  MutexLock lock(&batch_mu_);
   auto it = batches_.find(id);
   if (it == batches_.end()) return NotFound("unknown batch " + std::to_string(id));
   {
-    std::lock_guard<std::mutex> block(it->second->mu);
+    MutexLock block(&it->second->mu);
     if (!it->second->done) {
       return FailedPrecondition("batch " + std::to_string(id) + " still has pending requests");
     }

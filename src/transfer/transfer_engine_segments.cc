@@ -219,7 +219,10 @@ StatusOr<SegmentHandle> TransferEngineImpl::OpenSegment(const std::string& name)
     return Unavailable("no usable transport reaches segment '" + name + "' of '" + desc.owner +
                        "'" + (tried.empty() ? std::string() : " (" + tried + ")"));
   }
-  if (opened->protocol == Protocol::kTcp) opened->notify_remote = opened->remote;
+  if (opened->protocol == Protocol::kTcp) {
+    MutexLock notify_lock(&opened->notify_mu);  // not shared yet: uncontended, for the analysis
+    opened->notify_remote = opened->remote;
+  }
   opened->desc = std::move(desc);
   std::unique_lock<std::shared_mutex> lock(open_mu_);
   const uint64_t id = next_handle_++;

@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/subprocess.h"
+
 namespace tandem::transfer::testing {
 
 void FillRandom(void* dst, size_t n, uint64_t seed) {
@@ -136,41 +138,22 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
 std::unique_ptr<PeerProcess> PeerProcess::Start(const std::string& metadata_uri,
                                                 const std::string& name,
                                                 const std::string& segment, uint64_t size) {
-  int in_pipe[2], out_pipe[2];
-  if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0) {
-    ADD_FAILURE() << "pipe failed";
+  SpawnOptions o;
+  o.argv = {TANDEM_TRANSFER_TEST_PEER, metadata_uri, name, segment, std::to_string(size)};
+  o.pipe_stdin = true;
+  o.pipe_stdout = true;
+  auto child = Spawn(o);
+  if (!child.ok()) {
+    ADD_FAILURE() << child.status().ToString();
     return nullptr;
   }
-  const std::string size_text = std::to_string(size);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ADD_FAILURE() << "fork failed";
-    return nullptr;
-  }
-  if (pid == 0) {
-    ::dup2(in_pipe[0], 0);
-    ::dup2(out_pipe[1], 1);
-    ::execl(TANDEM_TRANSFER_TEST_PEER, TANDEM_TRANSFER_TEST_PEER, metadata_uri.c_str(),
-            name.c_str(), segment.c_str(), size_text.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(in_pipe[0]);
-  ::close(out_pipe[1]);
   auto peer = std::unique_ptr<PeerProcess>(new PeerProcess());
-  peer->pid_ = pid;
-  peer->stdin_fd_ = in_pipe[1];
+  peer->pid_ = child->pid;
+  peer->stdin_fd_ = child->stdin_fd;
   // Wait (bounded) for "READY\n".
-  std::string got;
-  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (got.find('\n') == std::string::npos && std::chrono::steady_clock::now() < limit) {
-    pollfd p{out_pipe[0], POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    char buf[256];
-    const ssize_t n = ::read(out_pipe[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
-  ::close(out_pipe[0]);
+  const std::string got =
+      ReadLine(child->stdout_fd, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  ::close(child->stdout_fd);
   if (got.rfind("READY", 0) != 0) {
     ADD_FAILURE() << "peer did not become ready; said: '" << got << "'";
     return nullptr;  // the destructor kills it

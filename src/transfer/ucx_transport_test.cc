@@ -21,6 +21,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/subprocess.h"
+
 namespace tandem::transfer {
 namespace {
 
@@ -232,31 +234,15 @@ const bool kIsChild = [] {
 
 // Starts this binary as a peer (RunChild); its ucx address, or "" after 20 s without one.
 std::string StartChild(pid_t* pid) {
-  int out[2];
-  if (pipe(out) != 0) return "";
-  *pid = fork();
-  if (*pid < 0) return "";
-  if (*pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    setenv(kChildEnv, "1", 1);
-    execl("/proc/self/exe", "ucx_transport_test", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(out[1]);
-  std::string line;
-  const auto until = Clock::now() + 20s;
-  while (line.find('\n') == std::string::npos && Clock::now() < until) {
-    pollfd pfd{out[0], POLLIN, 0};
-    if (poll(&pfd, 1, 200) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = read(out[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    line.append(buf, static_cast<size_t>(n));
-  }
-  close(out[0]);
-  if (line.find('\n') == std::string::npos) return "";
-  line.resize(line.find('\n'));
+  SpawnOptions o;
+  o.argv = {"/proc/self/exe"};
+  o.env = {{kChildEnv, "1"}};
+  o.pipe_stdout = true;
+  auto child = Spawn(o);
+  if (!child.ok()) return "";
+  *pid = child->pid;
+  const std::string line = ReadLine(child->stdout_fd, Clock::now() + 20s);
+  close(child->stdout_fd);
   return line;
 }
 

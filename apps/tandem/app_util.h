@@ -1,0 +1,19 @@
+// Small helpers every `tandem` subcommand uses.
+#pragma once
+
+#include <signal.h>
+
+#include <string>
+
+namespace tandem::app {
+
+// The bundled model: models/SmolLM2-135M-Instruct.Q4_1.gguf next to the binary's source tree
+// (build/tandem -> models/), else relative to the working directory.
+std::string DefaultModelPath();
+// Blocks SIGINT and SIGTERM in this thread (call before starting threads, so that only sigwait
+// takes them) and ignores SIGPIPE; returns the blocked set.
+sigset_t BlockTerminationSignals();
+// The machine's hardware threads (at least 1).
+int DefaultThreads();
+
+}  // namespace tandem::app

@@ -1,0 +1,70 @@
+#include "flags.h"
+
+#include <fmt/format.h>
+
+namespace tandem::app {
+namespace {
+
+// Doubles on the command line with every digit they need (so that parsing gives them back).
+std::string Exact(double v) { return fmt::format("{}", v); }
+
+}  // namespace
+
+void AddModelFlag(CLI::App* cmd, std::string& model) {
+  cmd->add_option("--model", model, "GGUF model file (default: the bundled SmolLM2-135M)");
+}
+
+CLI::Option* AddBlockTokensFlag(CLI::App* cmd, int& block_tokens) {
+  return cmd->add_option("--block-tokens", block_tokens, "Tokens per KV block (equal on every worker)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+}
+
+CLI::Option* AddMaxBatchTokensFlag(CLI::App* cmd, int& max_batch_tokens) {
+  return cmd->add_option("--max-batch-tokens", max_batch_tokens,
+                         "Tokens per forward step (prompt chunks + decodes)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+}
+
+void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& k) {
+  AddBlockTokensFlag(cmd, k.block_tokens);
+  cmd->add_option("--max-num-seqs", k.max_num_seqs, "Sequences computed at once")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  AddMaxBatchTokensFlag(cmd, k.max_batch_tokens);
+  cmd->add_option("--max-waiting", k.max_waiting, "Queued requests beyond this get 429")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-s", k.drain_timeout_s,
+                  "On SIGTERM, time given to requests in flight")
+      ->check(CLI::Range(0.0, 1e5))
+      ->capture_default_str();
+}
+
+void AddTransferFlags(CLI::App* cmd, WorkerKnobs& k) {
+  cmd->add_option("--transfer-protocols", k.transfer_protocols,
+                  "KV transfer protocols by preference (shm, tcp, ucx)")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-timeout-s", k.kv_transfer_timeout_s,
+                  "A KV push batch not landed this long after submission fails")
+      ->check(CLI::Range(0.01, 1e5))
+      ->capture_default_str();
+  cmd->add_option("--cost-profile", k.cost_profile,
+                  "Cost model published for the conductor: auto (the saved profile for this model, "
+                  "threads and CPU, else calibrate and save), calibrate, none, or a profile file")
+      ->capture_default_str();
+}
+
+std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& k) {
+  return {"--block-tokens",       std::to_string(k.block_tokens),
+          "--max-num-seqs",       std::to_string(k.max_num_seqs),
+          "--max-batch-tokens",   std::to_string(k.max_batch_tokens),
+          "--max-waiting",        std::to_string(k.max_waiting),
+          "--drain-timeout-s",    Exact(k.drain_timeout_s),
+          "--transfer-protocols", k.transfer_protocols,
+          "--kv-transfer-timeout-s", Exact(k.kv_transfer_timeout_s),
+          "--cost-profile",       k.cost_profile};
+}
+
+}  // namespace tandem::app

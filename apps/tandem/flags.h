@@ -1,0 +1,42 @@
+// The command-line knobs that more than one subcommand takes, each defined once (name, help,
+// range, default) and registered from here. The knobs a `tandem serve` passes on to the worker
+// processes it starts are one struct, WorkerKnobs, embedded in both ServeFlags and WorkerFlags,
+// so that a knob added to it reaches a spawned worker without being spelled again (the worker's
+// command line is generated from WorkerFlags, worker_flags.h WorkerArgv).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace tandem::app {
+
+// Engine and scheduler settings of one worker, and its side of the KV transfer.
+struct WorkerKnobs {
+  int block_tokens = 16;        // tokens per KV block (equal on every worker)
+  int max_num_seqs = 32;        // sequences computed at once
+  int max_batch_tokens = 256;   // tokens per forward step (prompt chunks + decodes)
+  int max_waiting = 256;        // queued requests beyond this are refused (429)
+  double drain_timeout_s = 30;  // on SIGTERM, time given to requests in flight
+  std::string transfer_protocols = "shm,tcp";  // KV transfer protocols by preference
+  double kv_transfer_timeout_s = 10;           // a KV push batch not landed by then fails
+  std::string cost_profile = "auto";           // cluster/calibration.h LoadOrCalibrate
+
+  bool operator==(const WorkerKnobs&) const = default;
+};
+
+// --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s.
+void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& knobs);
+// --transfer-protocols, --kv-transfer-timeout-s, --cost-profile.
+void AddTransferFlags(CLI::App* cmd, WorkerKnobs& knobs);
+// The command line that sets every field of `knobs` (what AddSchedulerFlags and
+// AddTransferFlags parse back into an equal struct).
+std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& knobs);
+
+// Single flags shared by several subcommands.
+void AddModelFlag(CLI::App* cmd, std::string& model);  // --model (empty: the bundled model)
+CLI::Option* AddBlockTokensFlag(CLI::App* cmd, int& block_tokens);
+CLI::Option* AddMaxBatchTokensFlag(CLI::App* cmd, int& max_batch_tokens);
+
+}  // namespace tandem::app
