@@ -328,9 +328,8 @@ int RunInitiator(TransferBenchOptions f, const Plan& p, transfer::Protocol proto
     const transfer::BatchStatus s = te.WaitBatch(*id);
     Status freed = te.FreeBatch(*id);
     if (s.state != transfer::TransferState::kCompleted) {
-      return Status(s.first_error.ok() ? StatusCode::kInternal : s.first_error.code(),
-                    std::string("batch ") + transfer::TransferStateName(s.state) + ": " +
-                        s.first_error.message());
+      const std::string what = std::string("batch ") + transfer::TransferStateName(s.state);
+      return s.first_error.ok() ? Internal(what) : s.first_error.WithContext(what);
     }
     return freed;
   });

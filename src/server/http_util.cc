@@ -18,10 +18,14 @@ Outcome OutcomeOf(FinishReason r) {
 }
 
 ApiError FailureError(const serving::FinishInfo& info, double timeout_s) {
+  // The finish reason as a Status code, so that the HTTP status is the one mapping's.
+  const StatusCode code = info.reason == FinishReason::kTimeout     ? StatusCode::kDeadlineExceeded
+                          : info.reason == FinishReason::kCancelled ? StatusCode::kCancelled
+                                                                    : StatusCode::kInternal;
   ApiError e;
-  switch (info.reason) {
-    case FinishReason::kTimeout:
-      e.status = 504;
+  e.status = HttpStatusFor(code);
+  switch (code) {
+    case StatusCode::kDeadlineExceeded:
       e.type = "timeout";
       // The request's own deadline, or a shorter limit inside it (e.g. the KV cache of a
       // disaggregated request did not arrive): name the limit that was hit.
@@ -32,13 +36,11 @@ ApiError FailureError(const serving::FinishInfo& info, double timeout_s) {
         e.message = "the request timed out: " + info.message;
       }
       break;
-    case FinishReason::kCancelled:
-      e.status = 503;
+    case StatusCode::kCancelled:
       e.type = "server_error";
       e.message = "the request was cancelled (server shutting down)";
       break;
     default:
-      e.status = 500;
       e.type = "server_error";
       e.message = "generation failed" + (info.message.empty() ? "" : ": " + info.message);
   }

@@ -19,13 +19,14 @@
 
 #include <atomic>
 #include <map>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "common/http.h"
+#include "common/http_status.h"
+#include "common/mutex.h"
 #include "common/logging.h"
 #include "transfer/metadata_http_protocol.h"
 #include "transfer/metadata_internal.h"
@@ -37,28 +38,22 @@ namespace proto = internal::http_protocol;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-// A reply to send: HTTP status and JSON body.
-struct Reply {
-  int status = 200;
-  json body = json::object();
-};
-
-Reply Error(int status, const std::string& why) { return Reply{status, json{{"error", why}}}; }
-
-// The store itself; all methods take the lock, expire what is due, then act.
+// The store itself; all methods take the lock, expire what is due, then act. A handler's error
+// becomes the HTTP status of the one Status mapping (common/http_status.h: 400 bad input, 404
+// unknown lease or key) with {"error": message}; its value is the 200 reply's body.
 class KvState {
  public:
   KvState() : rng_(std::random_device{}()) {}
 
-  Reply Grant(const json& req) {
+  StatusOr<json> Grant(const json& req) TANDEM_EXCLUDES(mu_) {
     if (!req.contains("ttl_ms") || !req["ttl_ms"].is_number_integer()) {
-      return Error(400, "ttl_ms (integer) required");
+      return InvalidArgument("ttl_ms (integer) required");
     }
     const long long ttl_ms = req["ttl_ms"].get<long long>();
     if (ttl_ms < 1 || ttl_ms > proto::kMaxTtlMs) {
-      return Error(400, "ttl_ms must be in 1.." + std::to_string(proto::kMaxTtlMs));
+      return InvalidArgument("ttl_ms must be in 1.." + std::to_string(proto::kMaxTtlMs));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ExpireLocked();
     // Random ids: a client of a restarted server cannot renew a lease that is not its own.
     int64_t id = 0;
@@ -68,74 +63,65 @@ class KvState {
     Lease& lease = leases_[id];
     lease.ttl = std::chrono::milliseconds(ttl_ms);
     lease.deadline = Clock::now() + lease.ttl;
-    return Reply{200, json{{"lease", id}, {"ttl_ms", ttl_ms}}};
+    return json{{"lease", id}, {"ttl_ms", ttl_ms}};
   }
 
-  Reply KeepAlive(const json& req) {
-    int64_t id = 0;
-    if (!LeaseId(req, &id)) return Error(400, "lease (positive integer) required");
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<json> KeepAlive(const json& req) TANDEM_EXCLUDES(mu_) {
+    TANDEM_ASSIGN_OR_RETURN(const int64_t id, LeaseId(req));
+    MutexLock lock(&mu_);
     ExpireLocked();
-    auto it = leases_.find(id);
-    if (it == leases_.end()) return Error(404, "lease " + std::to_string(id) + " not found");
+    TANDEM_ASSIGN_OR_RETURN(auto it, FindLeaseLocked(id));
     it->second.deadline = Clock::now() + it->second.ttl;
-    return Reply{200, json{{"ttl_ms", it->second.ttl.count()}}};
+    return json{{"ttl_ms", it->second.ttl.count()}};
   }
 
-  Reply Revoke(const json& req) {
-    int64_t id = 0;
-    if (!LeaseId(req, &id)) return Error(400, "lease (positive integer) required");
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<json> Revoke(const json& req) TANDEM_EXCLUDES(mu_) {
+    TANDEM_ASSIGN_OR_RETURN(const int64_t id, LeaseId(req));
+    MutexLock lock(&mu_);
     ExpireLocked();
-    auto it = leases_.find(id);
-    if (it == leases_.end()) return Error(404, "lease " + std::to_string(id) + " not found");
+    TANDEM_ASSIGN_OR_RETURN(auto it, FindLeaseLocked(id));
     const size_t deleted = DropLeaseLocked(it);
-    return Reply{200, json{{"deleted", deleted}}};
+    return json{{"deleted", deleted}};
   }
 
-  Reply Put(const json& req) {
-    std::string key, value;
-    int64_t id = 0;
-    if (Reply bad; !Bytes(req, "key", &key, &bad) || !Bytes(req, "value", &value, &bad)) return bad;
-    if (key.empty()) return Error(400, "key must not be empty");
-    if (!LeaseId(req, &id)) return Error(400, "lease (positive integer) required");
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<json> Put(const json& req) TANDEM_EXCLUDES(mu_) {
+    TANDEM_ASSIGN_OR_RETURN(std::string key, Bytes(req, "key"));
+    TANDEM_ASSIGN_OR_RETURN(std::string value, Bytes(req, "value"));
+    if (key.empty()) return InvalidArgument("key must not be empty");
+    TANDEM_ASSIGN_OR_RETURN(const int64_t id, LeaseId(req));
+    MutexLock lock(&mu_);
     ExpireLocked();
-    auto lease = leases_.find(id);
-    if (lease == leases_.end()) return Error(404, "lease " + std::to_string(id) + " not found");
+    TANDEM_ASSIGN_OR_RETURN(auto lease, FindLeaseLocked(id));
     auto old = kv_.find(key);
     if (old != kv_.end()) UnlinkLocked(key, old->second.lease);
-    kv_[key] = Entry{value, id};
     lease->second.keys.insert(key);
-    return Reply{};
+    kv_[std::move(key)] = Entry{std::move(value), id};
+    return json::object();
   }
 
-  Reply Get(const json& req) {
-    std::string key;
-    if (Reply bad; !Bytes(req, "key", &key, &bad)) return bad;
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<json> Get(const json& req) TANDEM_EXCLUDES(mu_) {
+    TANDEM_ASSIGN_OR_RETURN(const std::string key, Bytes(req, "key"));
+    MutexLock lock(&mu_);
     ExpireLocked();
     auto it = kv_.find(key);
-    if (it == kv_.end()) return Error(404, "key not found");
-    return Reply{200, json{{"value", internal::Base64Encode(it->second.value)}}};
+    if (it == kv_.end()) return NotFound("key not found");
+    return json{{"value", internal::Base64Encode(it->second.value)}};
   }
 
-  Reply Delete(const json& req) {
-    std::string key;
-    if (Reply bad; !Bytes(req, "key", &key, &bad)) return bad;
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<json> Delete(const json& req) TANDEM_EXCLUDES(mu_) {
+    TANDEM_ASSIGN_OR_RETURN(const std::string key, Bytes(req, "key"));
+    MutexLock lock(&mu_);
     ExpireLocked();
     auto it = kv_.find(key);
-    if (it == kv_.end()) return Reply{200, json{{"deleted", 0}}};
+    if (it == kv_.end()) return json{{"deleted", 0}};
     UnlinkLocked(key, it->second.lease);
     kv_.erase(it);
-    return Reply{200, json{{"deleted", 1}}};
+    return json{{"deleted", 1}};
   }
 
-  Reply List(const json& req) {
-    std::string prefix;
-    if (Reply bad; !Bytes(req, "prefix", &prefix, &bad)) return bad;
-    std::lock_guard<std::mutex> lock(mu_);
+  StatusOr<json> List(const json& req) TANDEM_EXCLUDES(mu_) {
+    TANDEM_ASSIGN_OR_RETURN(const std::string prefix, Bytes(req, "prefix"));
+    MutexLock lock(&mu_);
     ExpireLocked();
     json kvs = json::array();
     for (auto it = kv_.lower_bound(prefix);
@@ -143,7 +129,7 @@ class KvState {
       kvs.push_back(json{{"key", internal::Base64Encode(it->first)},
                          {"value", internal::Base64Encode(it->second.value)}});
     }
-    return Reply{200, json{{"kvs", std::move(kvs)}}};
+    return json{{"kvs", std::move(kvs)}};
   }
 
  private:
@@ -156,43 +142,47 @@ class KvState {
     std::string value;
     int64_t lease = 0;
   };
+  using LeaseMap = std::unordered_map<int64_t, Lease>;
 
-  static bool LeaseId(const json& req, int64_t* id) {
-    if (!req.contains("lease") || !req["lease"].is_number_integer()) return false;
-    *id = req["lease"].get<int64_t>();
-    return *id > 0;
+  static StatusOr<int64_t> LeaseId(const json& req) {
+    if (req.contains("lease") && req["lease"].is_number_integer()) {
+      const int64_t id = req["lease"].get<int64_t>();
+      if (id > 0) return id;
+    }
+    return InvalidArgument("lease (positive integer) required");
   }
 
-  // Reads a base64 field; on failure fills *bad with a 400 reply.
-  static bool Bytes(const json& req, const char* field, std::string* out, Reply* bad) {
+  // A base64 field, decoded.
+  static StatusOr<std::string> Bytes(const json& req, const char* field) {
     if (!req.contains(field) || !req[field].is_string()) {
-      *bad = Error(400, std::string(field) + " (base64 string) required");
-      return false;
+      return InvalidArgument(std::string(field) + " (base64 string) required");
     }
     StatusOr<std::string> decoded = internal::Base64Decode(req[field].get<std::string>());
-    if (!decoded.ok()) {
-      *bad = Error(400, std::string(field) + ": " + decoded.status().message());
-      return false;
-    }
-    *out = std::move(decoded).value();
-    return true;
+    if (!decoded.ok()) return decoded.status().WithContext(field);
+    return decoded;
+  }
+
+  StatusOr<LeaseMap::iterator> FindLeaseLocked(int64_t id) TANDEM_REQUIRES(mu_) {
+    auto it = leases_.find(id);
+    if (it == leases_.end()) return NotFound("lease " + std::to_string(id) + " not found");
+    return it;
   }
 
   // Forgets that `key` belongs to lease `id` (the key itself stays).
-  void UnlinkLocked(const std::string& key, int64_t id) {
+  void UnlinkLocked(const std::string& key, int64_t id) TANDEM_REQUIRES(mu_) {
     auto it = leases_.find(id);
     if (it != leases_.end()) it->second.keys.erase(key);
   }
 
   // Removes the lease and its keys; returns how many keys went.
-  size_t DropLeaseLocked(std::unordered_map<int64_t, Lease>::iterator it) {
+  size_t DropLeaseLocked(LeaseMap::iterator it) TANDEM_REQUIRES(mu_) {
     for (const std::string& key : it->second.keys) kv_.erase(key);
     const size_t n = it->second.keys.size();
     leases_.erase(it);
     return n;
   }
 
-  void ExpireLocked() {
+  void ExpireLocked() TANDEM_REQUIRES(mu_) {
     const Clock::time_point now = Clock::now();
     for (auto it = leases_.begin(); it != leases_.end();) {
       if (it->second.deadline < now) {
@@ -205,10 +195,10 @@ class KvState {
     }
   }
 
-  std::mutex mu_;
-  std::mt19937_64 rng_;
-  std::map<std::string, Entry> kv_;  // sorted: List walks one contiguous range
-  std::unordered_map<int64_t, Lease> leases_;
+  Mutex mu_;
+  std::mt19937_64 rng_ TANDEM_GUARDED_BY(mu_);
+  std::map<std::string, Entry> kv_ TANDEM_GUARDED_BY(mu_);  // sorted: List walks one range
+  LeaseMap leases_ TANDEM_GUARDED_BY(mu_);
 };
 
 class HttpServerImpl final : public MetadataHttpServer {
@@ -252,13 +242,15 @@ class HttpServerImpl final : public MetadataHttpServer {
   int port() const override { return port_; }
 
  private:
-  void Route(const char* path, Reply (KvState::*handler)(const json&)) {
+  void Route(const char* path, StatusOr<json> (KvState::*handler)(const json&)) {
     server_.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res) {
       const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-      const Reply reply = body.is_object() ? (state_.*handler)(body)
-                                           : Error(400, "request body must be a JSON object");
-      res.status = reply.status;
-      res.set_content(reply.body.dump(), "application/json");
+      const StatusOr<json> reply = body.is_object()
+                                       ? (state_.*handler)(body)
+                                       : InvalidArgument("request body must be a JSON object");
+      res.status = HttpStatusFor(reply.status().code());
+      const json out = reply.ok() ? *reply : json{{"error", reply.status().message()}};
+      res.set_content(out.dump(), "application/json");
     });
   }
 
