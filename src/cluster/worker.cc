@@ -3,12 +3,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <future>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include <httplib.h>
@@ -17,6 +15,7 @@
 #include "cluster/calibration.h"
 #include "cluster/kv_pusher.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "engine/engine.h"
 #include "common/http_status.h"
 #include "common/http.h"
@@ -39,36 +38,39 @@ void ReplyError(httplib::Response& res, const Status& st) {
 // thread, consumed by the HTTP thread that writes the stream.
 class DecodeStream {
  public:
-  void Push(const DecodeEvent& e) {
+  void Push(const DecodeEvent& e) TANDEM_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       lines_.push_back(e.ToJson() + "\n");
       if (e.kind == DecodeEvent::Kind::kFinish || e.kind == DecodeEvent::Kind::kError) done_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   // Takes the lines available, waiting up to `wait`. Sets *done when the stream is complete.
-  std::vector<std::string> Take(std::chrono::milliseconds wait, bool* done) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, wait, [&] { return !lines_.empty() || done_; });
+  std::vector<std::string> Take(std::chrono::milliseconds wait, bool* done) TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, wait, [&] {
+      mu_.AssertHeld();
+      return !lines_.empty() || done_;
+    });
     std::vector<std::string> out(lines_.begin(), lines_.end());
     lines_.clear();
     *done = done_;
     return out;
   }
-  bool done() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool done() const TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return done_;
   }
   void MarkClientGone() { client_gone_.store(true); }
   bool client_gone() const { return client_gone_.load(); }
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::string> lines_;
-  bool done_ = false;
-  std::atomic<bool> client_gone_{false};
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::string> lines_ TANDEM_GUARDED_BY(mu_);
+  bool done_ TANDEM_GUARDED_BY(mu_) = false;
+  std::atomic<bool> client_gone_{false};  // lock-free: set by the HTTP thread, polled by the sink
 };
 
 // Relays a decode-side request's tokens into its stream.
@@ -133,8 +135,13 @@ class WorkerImpl final : public Worker {
   WorkerImpl() : log_(GetLogger("worker")) {}
 
   ~WorkerImpl() override {
-    handoff_stop_.store(true);
-    handoff_cv_.notify_all();
+    {
+      // Under the lock: the hand-off loop checks the flag and sleeps atomically, so a store
+      // between its check and its wait cannot be missed.
+      MutexLock lock(&handoff_mu_);
+      handoff_stop_.store(true);
+    }
+    handoff_cv_.NotifyAll();
     if (handoff_thread_.joinable()) handoff_thread_.join();
     http_.stop();
     backend_.reset();
@@ -262,8 +269,9 @@ class WorkerImpl final : public Worker {
 
   // ---- prefill side ----
 
-  StatusOr<transfer::SegmentHandle> OpenSegment(const std::string& name) {
-    std::lock_guard<std::mutex> lock(segments_mu_);
+  StatusOr<transfer::SegmentHandle> OpenSegment(const std::string& name)
+      TANDEM_EXCLUDES(segments_mu_) {
+    MutexLock lock(&segments_mu_);
     auto it = segments_.find(name);
     if (it != segments_.end()) return it->second;
     TANDEM_ASSIGN_OR_RETURN(transfer::SegmentHandle h, te_->OpenSegment(name));
@@ -273,8 +281,8 @@ class WorkerImpl final : public Worker {
 
   // A segment whose transfer failed is closed: its owner may be gone (a restarted worker
   // publishes a new segment name).
-  void DropSegment(const std::string& name) {
-    std::lock_guard<std::mutex> lock(segments_mu_);
+  void DropSegment(const std::string& name) TANDEM_EXCLUDES(segments_mu_) {
+    MutexLock lock(&segments_mu_);
     auto it = segments_.find(name);
     if (it == segments_.end()) return;
     (void)te_->CloseSegment(it->second);
@@ -350,7 +358,8 @@ class WorkerImpl final : public Worker {
     Clock::time_point kv_deadline;
   };
 
-  void HandleDecode(const httplib::Request& req, httplib::Response& res) {
+  void HandleDecode(const httplib::Request& req, httplib::Response& res)
+      TANDEM_EXCLUDES(pending_mu_) {
     if (!CanDecode(options_.role)) {
       return ReplyError(res, FailedPrecondition("worker " + options_.name + " does not decode"));
     }
@@ -395,7 +404,7 @@ class WorkerImpl final : public Worker {
       reserved.reserved.decode_worker = options_.name;
       stream->Push(reserved);
       const std::string key = g.id;  // (the right side of `=` is evaluated first)
-      std::lock_guard<std::mutex> lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       pending_[key] = Pending{std::move(g), stream, kv_deadline};
     }
     const std::string id = call->id;
@@ -431,10 +440,10 @@ class WorkerImpl final : public Worker {
   }
 
   // Frees the reservation of a request still waiting for its KV.
-  void CancelPending(const std::string& id, const Status& why) {
+  void CancelPending(const std::string& id, const Status& why) TANDEM_EXCLUDES(pending_mu_) {
     std::shared_ptr<DecodeStream> stream;
     {
-      std::lock_guard<std::mutex> lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       auto it = pending_.find(id);
       if (it == pending_.end()) return;
       stream = it->second.stream;
@@ -447,9 +456,9 @@ class WorkerImpl final : public Worker {
     stream->Push(e);
   }
 
-  void ExpireKvWait(const std::string& id) {
+  void ExpireKvWait(const std::string& id) TANDEM_EXCLUDES(pending_mu_) {
     {
-      std::lock_guard<std::mutex> lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       auto it = pending_.find(id);
       if (it == pending_.end() || Clock::now() < it->second.kv_deadline) return;
     }
@@ -459,20 +468,23 @@ class WorkerImpl final : public Worker {
   }
 
   // Transfer-engine thread: queue the hand-off, never block here.
-  void OnNotification(const transfer::Notification& n) {
+  void OnNotification(const transfer::Notification& n) TANDEM_EXCLUDES(handoff_mu_) {
     {
-      std::lock_guard<std::mutex> lock(handoff_mu_);
+      MutexLock lock(&handoff_mu_);
       handoffs_.push_back(n.message);
     }
-    handoff_cv_.notify_all();
+    handoff_cv_.NotifyAll();
   }
 
-  void HandoffLoop() {
+  void HandoffLoop() TANDEM_EXCLUDES(handoff_mu_) {
     while (true) {
       std::string message;
       {
-        std::unique_lock<std::mutex> lock(handoff_mu_);
-        handoff_cv_.wait(lock, [&] { return handoff_stop_.load() || !handoffs_.empty(); });
+        MutexLock lock(&handoff_mu_);
+        handoff_cv_.Wait(&handoff_mu_, [&] {
+          handoff_mu_.AssertHeld();
+          return handoff_stop_.load() || !handoffs_.empty();
+        });
         if (handoff_stop_.load()) return;
         message = std::move(handoffs_.front());
         handoffs_.pop_front();
@@ -482,7 +494,7 @@ class WorkerImpl final : public Worker {
   }
 
   // "kv_ready": the request's KV is in its reserved blocks; start decoding it.
-  void Handoff(const std::string& message) {
+  void Handoff(const std::string& message) TANDEM_EXCLUDES(pending_mu_) {
     std::string id;
     int32_t first_token = -1;
     try {
@@ -496,7 +508,7 @@ class WorkerImpl final : public Worker {
     }
     Pending p;
     {
-      std::lock_guard<std::mutex> lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       auto it = pending_.find(id);
       if (it == pending_.end()) return;  // cancelled or expired meanwhile
       p = std::move(it->second);
@@ -511,6 +523,8 @@ class WorkerImpl final : public Worker {
     }
   }
 
+  // Set by Init() before the HTTP, hand-off and transfer-engine threads use them; then read-only
+  // (te_, engine_ and backend_ are thread-safe themselves).
   WorkerOptions options_;
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<transfer::MetadataStore> metadata_;
@@ -522,18 +536,21 @@ class WorkerImpl final : public Worker {
   httplib::Server http_;
   int port_ = 0;
 
-  std::mutex segments_mu_;
-  std::map<std::string, transfer::SegmentHandle> segments_;  // opened decode segments
+  Mutex segments_mu_;
+  // Opened decode segments.
+  std::map<std::string, transfer::SegmentHandle> segments_ TANDEM_GUARDED_BY(segments_mu_);
 
-  std::mutex pending_mu_;
-  std::map<std::string, Pending> pending_;  // decode side: reserved, waiting for KV
+  Mutex pending_mu_;
+  // Decode side: reserved, waiting for KV.
+  std::map<std::string, Pending> pending_ TANDEM_GUARDED_BY(pending_mu_);
 
-  std::mutex handoff_mu_;
-  std::condition_variable handoff_cv_;
-  std::deque<std::string> handoffs_;
-  std::atomic<bool> handoff_stop_{false};
-  std::thread handoff_thread_;
+  Mutex handoff_mu_;
+  CondVar handoff_cv_;
+  std::deque<std::string> handoffs_ TANDEM_GUARDED_BY(handoff_mu_);
+  std::atomic<bool> handoff_stop_{false};  // set under handoff_mu_ (by the destructor)
+  std::thread handoff_thread_;  // started by Init(), joined by the destructor
 
+  // Counters: lock-free.
   std::atomic<uint64_t> kv_bytes_pushed_{0};
   std::atomic<uint64_t> transfer_failures_{0};
   std::atomic<uint64_t> transfer_timeouts_{0};

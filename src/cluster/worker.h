@@ -49,6 +49,8 @@ struct WorkerOptions {
   std::string cost_profile = "auto";
 };
 
+// Thread-safety: port() and info() are fixed once Start() returns (read them from any thread);
+// Run() serves on the calling thread until Stop(), which may be called from another thread.
 class Worker {
  public:
   static StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& options);

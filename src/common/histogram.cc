@@ -9,7 +9,7 @@ Histogram::Histogram(std::vector<double> upper_bounds)
 
 void Histogram::Observe(double value) {
   const size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++counts_[i];
   sum_ += value;
   ++count_;
@@ -18,7 +18,7 @@ void Histogram::Observe(double value) {
 Histogram::Snapshot Histogram::Get() const {
   Snapshot s;
   s.upper_bounds = bounds_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t running = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     running += counts_[i];

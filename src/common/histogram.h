@@ -5,16 +5,17 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace tandem {
 
 class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);  // ascending, +Inf implied
-  void Observe(double value);
+  void Observe(double value) TANDEM_EXCLUDES(mu_);
 
   struct Snapshot {
     std::vector<double> upper_bounds;
@@ -22,14 +23,15 @@ class Histogram {
     double sum = 0;
     uint64_t count = 0;
   };
-  Snapshot Get() const;
+  Snapshot Get() const TANDEM_EXCLUDES(mu_);
 
  private:
-  const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket (not cumulative), size bounds_ + 1
-  double sum_ = 0;
-  uint64_t count_ = 0;
+  const std::vector<double> bounds_;  // immutable: read without the lock
+  mutable Mutex mu_;
+  // Per bucket (not cumulative), size bounds_ + 1.
+  std::vector<uint64_t> counts_ TANDEM_GUARDED_BY(mu_);
+  double sum_ TANDEM_GUARDED_BY(mu_) = 0;
+  uint64_t count_ TANDEM_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tandem

@@ -1,14 +1,14 @@
 #include "common/logging.h"
 
-#include <mutex>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "common/mutex.h"
 
 namespace tandem {
 
 std::shared_ptr<spdlog::logger> GetLogger(const std::string& name) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  static Mutex mu;  // serializes get-or-create (spdlog's registry guards itself, not the pair)
+  MutexLock lock(&mu);
   if (auto existing = spdlog::get(name)) return existing;
   auto logger = spdlog::stderr_color_mt(name);
   logger->set_level(spdlog::get_level());

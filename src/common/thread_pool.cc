@@ -19,10 +19,10 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_.store(true);
   }
-  start_cv_.notify_all();
+  start_cv_.NotifyAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -35,8 +35,8 @@ void ThreadPool::WorkerLoop(int index) {
       gen = generation_.load(std::memory_order_acquire);
     }
     if (gen == seen) {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      MutexLock lock(&mu_);
+      start_cv_.Wait(&mu_, [&] { return stop_.load() || generation_.load() != seen; });
       gen = generation_.load(std::memory_order_acquire);
     }
     if (stop_.load()) return;
@@ -45,8 +45,8 @@ void ThreadPool::WorkerLoop(int index) {
     // seq_cst pairs with the caller's store of caller_sleeping_: either we see the caller asleep
     // and wake it, or the caller sees pending_ == 0 before sleeping.
     if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
+      MutexLock lock(&mu_);
+      done_cv_.NotifyOne();
     }
   }
 }
@@ -61,18 +61,18 @@ void ThreadPool::RunOnAll(const std::function<void(int)>& fn) {
   {
     // Under the lock so that a worker between its predicate check and its sleep cannot miss
     // the bump.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     generation_.fetch_add(1, std::memory_order_release);
   }
-  start_cv_.notify_all();
+  start_cv_.NotifyAll();
   fn(0);
   for (int spin = 0; spin < kSpinIterations; ++spin) {
     if (pending_.load(std::memory_order_acquire) == 0) return;
     CpuRelax();
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   caller_sleeping_.store(true);
-  done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+  done_cv_.Wait(&mu_, [&] { return pending_.load() == 0; });
   caller_sleeping_.store(false);
 }
 

@@ -13,12 +13,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace tandem {
 
@@ -39,16 +39,18 @@ class ThreadPool {
                    int64_t grain = 1);
 
   // Runs fn(thread_index) once on every thread (0 = the caller) and waits.
-  void RunOnAll(const std::function<void(int)>& fn);
+  void RunOnAll(const std::function<void(int)>& fn) TANDEM_EXCLUDES(mu_);
 
  private:
-  void WorkerLoop(int index);
+  void WorkerLoop(int index) TANDEM_EXCLUDES(mu_);
 
   const int num_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;  // only for sleeping workers
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;  // the caller sleeps here after spinning
+  // Only for sleeping and waking without lost wake-ups: it guards no member (the job state below
+  // is atomic, or published through generation_), so nothing is TANDEM_GUARDED_BY it.
+  Mutex mu_;
+  CondVar start_cv_;
+  CondVar done_cv_;  // the caller sleeps here after spinning
   std::atomic<bool> caller_sleeping_{false};
   // Published with release order before generation_ is bumped; read after acquiring it.
   const std::function<void(int)>* job_ = nullptr;

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/isa.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels {
 

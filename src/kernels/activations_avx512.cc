@@ -2,8 +2,8 @@
 // avx512 table).
 #include <immintrin.h>
 
-#include "kernels/exp_avx512.h"
-#include "kernels/isa.h"
+#include "kernels/exp_avx512_internal.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels::internal {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/fp16.h"
-#include "kernels/isa.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/exp_avx512.h"
-#include "kernels/isa.h"
+#include "kernels/exp_avx512_internal.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels::internal {
 

@@ -4,7 +4,7 @@
 #include <atomic>
 #include <cstring>
 
-#include "kernels/isa.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels {
 namespace {

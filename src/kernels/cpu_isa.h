@@ -1,5 +1,5 @@
 // The one instruction-set switch of the kernels. Every SIMD kernel (MatMul, attention, the FFN
-// activation) runs through one per-ISA table (kernels/isa.h), picked here: the best the CPU
+// activation) runs through one per-ISA table (kernels/isa_internal.h), picked here: the best the CPU
 // has, unless forced (tests, benchmarks). Process-wide.
 #pragma once
 

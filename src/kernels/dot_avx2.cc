@@ -16,9 +16,9 @@
 #include <cstring>
 
 #include "common/fp16.h"
-#include "kernels/gemm_driver.h"
-#include "kernels/isa.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/gemm_driver_internal.h"
+#include "kernels/isa_internal.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels::internal {
 namespace avx2 {

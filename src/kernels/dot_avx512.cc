@@ -2,7 +2,7 @@
 // runtime CPU check in matmul.cc.
 //
 // Activations are quantized once into int8 with per-lane float scales (layout in
-// avx512_layout.h). Weights are unpacked, 4 rows at a time, into a tile of unsigned 8-bit
+// avx512_layout_internal.h). Weights are unpacked, 4 rows at a time, into a tile of unsigned 8-bit
 // integers in the matching layout; the 4 x C microkernel then needs two vpdpbusd, one convert,
 // one multiply and one FMA per (weight row, activation row, 128 elements), whatever the type.
 // Every activation row takes this same path, whatever m is, so an output row is bit-identical
@@ -12,10 +12,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/avx512_layout.h"
-#include "kernels/gemm_driver.h"
-#include "kernels/isa.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/avx512_layout_internal.h"
+#include "kernels/gemm_driver_internal.h"
+#include "kernels/isa_internal.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels::internal {
 namespace avx512 {
@@ -33,7 +33,7 @@ inline __m512i Rne(__m512 v) {
   return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-// Q8_0 / Q8_1 numerics (quant_blocks.h) in kSplit order, for Q4_0 / Q4_1 / Q8_0 weights.
+// Q8_0 / Q8_1 numerics (quant_blocks_internal.h) in kSplit order, for Q4_0 / Q4_1 / Q8_0 weights.
 // ss per 32: Q4_1 (ggml's Q8_1 s) fp16(d * sum q); others fp16(d) * sum q. Values are
 // assembled in registers: a narrow store read back by a wide load stalls on store forwarding.
 void QuantActSplit(DType wtype, const float* x, int64_t k, uint8_t* dst) {
@@ -71,7 +71,7 @@ void QuantActSplit(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   }
 }
 
-// Q8_K numerics (quant_blocks.h) in kLanes order. ss = d * sum q per 32 (Q4_K) or 16 (Q6_K).
+// Q8_K numerics (quant_blocks_internal.h) in kLanes order. ss = d * sum q per 32 (Q4_K) or 16 (Q6_K).
 void QuantActQ8K(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   const QLayout L(k, wtype);
   auto* sa = reinterpret_cast<float*>(dst + L.act_sa());

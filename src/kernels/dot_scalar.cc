@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "common/fp16.h"
-#include "kernels/isa.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/isa_internal.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels::internal {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "kernels/isa.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels {
 namespace {

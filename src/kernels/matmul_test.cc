@@ -17,7 +17,7 @@
 #include "common/fp16.h"
 #include "common/thread_pool.h"
 #include "kernels/matmul.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels {
 namespace {

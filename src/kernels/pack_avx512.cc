@@ -1,12 +1,12 @@
-// Weight-row packing for the AVX-512 path (layout in avx512_layout.h). Compiled with the
+// Weight-row packing for the AVX-512 path (layout in avx512_layout_internal.h). Compiled with the
 // AVX-512 flags.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/avx512_layout.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/avx512_layout_internal.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels::internal::avx512 {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "common/check.h"
 #include "kernels/matmul.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/matmul.h"
-#include "kernels/quant_blocks.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels {
 namespace {

@@ -20,15 +20,15 @@ FakeBackend::FakeBackend(std::function<std::vector<int32_t>(const serving::Gener
 FakeBackend::~FakeBackend() {
   Drain(Clock::now());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 Status FakeBackend::Submit(serving::GenerationRequest request, std::shared_ptr<serving::GenerationSink> sink) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (fail_next_) {
     Status st = *fail_next_;
     fail_next_.reset();
@@ -43,12 +43,12 @@ Status FakeBackend::Submit(serving::GenerationRequest request, std::shared_ptr<s
   s.request = std::move(request);
   s.sink = std::move(sink);
   waiting_.push_back(std::move(s));
-  cv_.notify_all();
+  cv_.NotifyAll();
   return OkStatus();
 }
 
 serving::BackendStats FakeBackend::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   serving::BackendStats st;
   st.running = static_cast<int>(running_.size()) + in_step_;
   st.waiting = static_cast<int>(waiting_.size());
@@ -62,40 +62,44 @@ serving::BackendStats FakeBackend::Stats() const {
 }
 
 void FakeBackend::Drain(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   draining_ = true;
   paused_ = false;
-  cv_.notify_all();
-  cv_.wait_until(lock, deadline, [&] { return running_.empty() && waiting_.empty() && in_step_ == 0; });
+  cv_.NotifyAll();
+  const auto all_done = [&] {
+    mu_.AssertHeld();
+    return running_.empty() && waiting_.empty() && in_step_ == 0;
+  };
+  cv_.WaitUntil(&mu_, deadline, all_done);
   // Past the deadline: the loop finishes what is left as cancelled.
   stop_draining_deadline_passed_ = true;
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return running_.empty() && waiting_.empty() && in_step_ == 0; });
+  cv_.NotifyAll();
+  cv_.Wait(&mu_, all_done);
 }
 
 void FakeBackend::FailNextSubmit(Status st) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fail_next_ = std::move(st);
 }
 
 void FakeBackend::SetPaused(bool paused) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   paused_ = paused;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 int64_t FakeBackend::finished(FinishReason r) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return finished_[static_cast<int>(r)];
 }
 
 int FakeBackend::active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(running_.size() + waiting_.size()) + in_step_;
 }
 
 serving::GenerationRequest FakeBackend::last_request() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_request_;
 }
 
@@ -109,14 +113,15 @@ void FakeBackend::Finish(Seq& s, FinishReason reason) {
   info.total_seconds = std::chrono::duration<double>(now - s.request.arrival).count();
   info.ttft_seconds = s.next > 0 ? std::chrono::duration<double>(s.first_token - s.request.arrival).count() : 0;
   s.sink->OnFinish(info);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++finished_[static_cast<int>(reason)];
 }
 
 void FakeBackend::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);  // released around the sink calls below
   while (true) {
-    cv_.wait(lock, [&] {
+    cv_.Wait(&mu_, [&] {
+      mu_.AssertHeld();
       return stop_ || stop_draining_deadline_passed_ ||
              (!paused_ && (!running_.empty() || !waiting_.empty()));
     });
@@ -132,12 +137,12 @@ void FakeBackend::Loop() {
       for (auto& s : waiting_) all.push_back(std::move(s));
       waiting_.clear();
       in_step_ = static_cast<int>(all.size());
-      lock.unlock();
+      mu_.Unlock();
       for (Seq& s : all) Finish(s, FinishReason::kCancelled);
-      lock.lock();
+      mu_.Lock();
       in_step_ = 0;
       stop_draining_deadline_passed_ = false;
-      cv_.notify_all();
+      cv_.NotifyAll();
       continue;
     }
     // One step: one token for every running sequence, sinks called without the lock held.
@@ -146,7 +151,7 @@ void FakeBackend::Loop() {
     in_step_ = static_cast<int>(step.size());
     step_kv_blocks_ = 0;
     for (const Seq& s : step) step_kv_blocks_ += static_cast<int>((s.request.prompt_tokens.size() + s.next + 15) / 16);
-    lock.unlock();
+    mu_.Unlock();
     std::list<Seq> keep;
     for (Seq& s : step) {
       const Clock::time_point now = Clock::now();
@@ -161,7 +166,7 @@ void FakeBackend::Loop() {
       const int32_t token = s.script[s.next++];
       if (s.next == 1) s.first_token = now;
       {
-        std::lock_guard<std::mutex> g(mu_);
+        MutexLock g(&mu_);
         ++generated_;
       }
       if (!s.sink->OnToken(token)) {
@@ -180,11 +185,11 @@ void FakeBackend::Loop() {
       keep.push_back(std::move(s));
     }
     std::this_thread::sleep_for(step_);
-    lock.lock();
+    mu_.Lock();
     running_ = std::move(keep);
     in_step_ = 0;
     step_kv_blocks_ = 0;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 

@@ -4,16 +4,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "serving/backend.h"
 
 namespace tandem::server::testing {
@@ -28,18 +27,18 @@ class FakeBackend : public serving::GenerationBackend {
   ~FakeBackend() override;
 
   Status Submit(serving::GenerationRequest request,
-                         std::shared_ptr<serving::GenerationSink> sink) override;
-  serving::BackendStats Stats() const override;
-  void Drain(serving::Clock::time_point deadline) override;
+                         std::shared_ptr<serving::GenerationSink> sink) override TANDEM_EXCLUDES(mu_);
+  serving::BackendStats Stats() const override TANDEM_EXCLUDES(mu_);
+  void Drain(serving::Clock::time_point deadline) override TANDEM_EXCLUDES(mu_);
 
   // The next Submit returns this instead of queuing (once).
-  void FailNextSubmit(Status st);
+  void FailNextSubmit(Status st) TANDEM_EXCLUDES(mu_);
   // Pauses / resumes the loop (requests queue up while paused).
-  void SetPaused(bool paused);
-  int64_t finished(serving::FinishReason r) const;
-  int active() const;  // running + waiting
+  void SetPaused(bool paused) TANDEM_EXCLUDES(mu_);
+  int64_t finished(serving::FinishReason r) const TANDEM_EXCLUDES(mu_);
+  int active() const TANDEM_EXCLUDES(mu_);  // running + waiting
   // The last request submitted (copy).
-  serving::GenerationRequest last_request() const;
+  serving::GenerationRequest last_request() const TANDEM_EXCLUDES(mu_);
 
  private:
   struct Seq {
@@ -49,8 +48,8 @@ class FakeBackend : public serving::GenerationBackend {
     size_t next = 0;
     serving::Clock::time_point first_token{};
   };
-  void Loop();
-  void Finish(Seq& s, serving::FinishReason reason);
+  void Loop() TANDEM_EXCLUDES(mu_);
+  void Finish(Seq& s, serving::FinishReason reason) TANDEM_EXCLUDES(mu_);
 
   const std::function<std::vector<int32_t>(const serving::GenerationRequest&)> script_;
   const std::vector<int32_t> eog_;
@@ -58,20 +57,21 @@ class FakeBackend : public serving::GenerationBackend {
   const int max_running_;
   const int max_waiting_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Seq> waiting_;
-  std::list<Seq> running_;
-  bool stop_ = false;
-  bool draining_ = false;
-  bool paused_ = false;
-  bool stop_draining_deadline_passed_ = false;  // Drain's deadline passed: cancel the rest
-  std::optional<Status> fail_next_;
-  serving::GenerationRequest last_request_;
-  int64_t finished_[5] = {};
-  int64_t generated_ = 0;
-  int in_step_ = 0;         // sequences taken out of running_ for the current step
-  int step_kv_blocks_ = 0;  // their blocks
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<Seq> waiting_ TANDEM_GUARDED_BY(mu_);
+  std::list<Seq> running_ TANDEM_GUARDED_BY(mu_);
+  bool stop_ TANDEM_GUARDED_BY(mu_) = false;
+  bool draining_ TANDEM_GUARDED_BY(mu_) = false;
+  bool paused_ TANDEM_GUARDED_BY(mu_) = false;
+  // Drain's deadline passed: cancel the rest.
+  bool stop_draining_deadline_passed_ TANDEM_GUARDED_BY(mu_) = false;
+  std::optional<Status> fail_next_ TANDEM_GUARDED_BY(mu_);
+  serving::GenerationRequest last_request_ TANDEM_GUARDED_BY(mu_);
+  int64_t finished_[5] TANDEM_GUARDED_BY(mu_) = {};
+  int64_t generated_ TANDEM_GUARDED_BY(mu_) = 0;
+  int in_step_ TANDEM_GUARDED_BY(mu_) = 0;  // sequences taken out of running_ for the current step
+  int step_kv_blocks_ TANDEM_GUARDED_BY(mu_) = 0;  // their blocks
   std::thread thread_;
 };
 

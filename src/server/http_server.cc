@@ -3,15 +3,14 @@
 #include <signal.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <ctime>
-#include <mutex>
 #include <thread>
 
 #include <httplib.h>
 
 #include "common/http.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "server/http_util.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -87,9 +86,12 @@ class HttpServer::Impl {
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
 
-  bool WaitIdle(Clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(inflight_mu_);
-    return inflight_cv_.wait_until(lock, deadline, [&] { return inflight_ == 0; });
+  bool WaitIdle(Clock::time_point deadline) TANDEM_EXCLUDES(inflight_mu_) {
+    MutexLock lock(&inflight_mu_);
+    return inflight_cv_.WaitUntil(&inflight_mu_, deadline, [&] {
+      inflight_mu_.AssertHeld();
+      return inflight_ == 0;
+    });
   }
 
   int port() const { return port_; }
@@ -99,13 +101,13 @@ class HttpServer::Impl {
   // Counts a generation request from its handler's start until its response is done.
   class Inflight {
    public:
-    explicit Inflight(Impl* impl) : impl_(impl) {
-      std::lock_guard<std::mutex> lock(impl_->inflight_mu_);
+    explicit Inflight(Impl* impl) TANDEM_EXCLUDES(impl->inflight_mu_) : impl_(impl) {
+      MutexLock lock(&impl_->inflight_mu_);
       ++impl_->inflight_;
     }
-    ~Inflight() {
-      std::lock_guard<std::mutex> lock(impl_->inflight_mu_);
-      if (--impl_->inflight_ == 0) impl_->inflight_cv_.notify_all();
+    ~Inflight() TANDEM_EXCLUDES(impl_->inflight_mu_) {
+      MutexLock lock(&impl_->inflight_mu_);
+      if (--impl_->inflight_ == 0) impl_->inflight_cv_.NotifyAll();
     }
 
    private:
@@ -119,8 +121,8 @@ class HttpServer::Impl {
   void RespondStream(std::shared_ptr<RequestSink> sink, ResponseContext ctx,
                      std::shared_ptr<Inflight> inflight, httplib::Response& res);
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
-  void StatusLoop();
-  void SignalStatusStop();
+  void StatusLoop() TANDEM_EXCLUDES(status_mu_);
+  void SignalStatusStop() TANDEM_EXCLUDES(status_mu_);
   // status_thread_ is started and joined by Run() only.
 
   const ServerOptions options_;
@@ -133,15 +135,15 @@ class HttpServer::Impl {
   ProtocolLimits limits_;
   httplib::Server http_;
   int port_ = 0;
-  std::atomic<bool> draining_{false};
+  std::atomic<bool> draining_{false};  // lock-free
 
-  std::mutex inflight_mu_;
-  std::condition_variable inflight_cv_;
-  int inflight_ = 0;
+  Mutex inflight_mu_;
+  CondVar inflight_cv_;
+  int inflight_ TANDEM_GUARDED_BY(inflight_mu_) = 0;
 
-  std::mutex status_mu_;
-  std::condition_variable status_cv_;
-  bool status_stop_ = false;
+  Mutex status_mu_;
+  CondVar status_cv_;
+  bool status_stop_ TANDEM_GUARDED_BY(status_mu_) = false;
   std::thread status_thread_;
 };
 
@@ -385,8 +387,11 @@ void HttpServer::Impl::StatusLoop() {
   Clock::time_point last_time = Clock::now();
   const auto interval = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.status_interval_s));
-  std::unique_lock<std::mutex> lock(status_mu_);
-  while (!status_cv_.wait_for(lock, interval, [&] { return status_stop_; })) {
+  MutexLock lock(&status_mu_);
+  while (!status_cv_.WaitFor(&status_mu_, interval, [&] {
+    status_mu_.AssertHeld();
+    return status_stop_;
+  })) {
     const serving::BackendStats s = backend_->Stats();
     const Clock::time_point now = Clock::now();
     const bool changed = s.running != last.running || s.waiting != last.waiting ||
@@ -407,10 +412,10 @@ void HttpServer::Impl::StatusLoop() {
 
 void HttpServer::Impl::SignalStatusStop() {
   {
-    std::lock_guard<std::mutex> lock(status_mu_);
+    MutexLock lock(&status_mu_);
     status_stop_ = true;
   }
-  status_cv_.notify_all();
+  status_cv_.NotifyAll();
 }
 
 HttpServer::HttpServer(ServerOptions options, ModelInfo model, serving::GenerationBackend* backend)

@@ -52,6 +52,8 @@ struct ModelInfo {
   std::string chat_template_error;                     // why there is none
 };
 
+// Thread-safety: call Bind() then Run() (which blocks) once each; every other method may be
+// called from any thread, also while Run() serves (port() once Bind() has returned).
 class HttpServer {
  public:
   // backend: not owned; must outlive the server.

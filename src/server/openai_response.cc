@@ -1,9 +1,10 @@
 #include "server/openai_response.h"
 
-#include <mutex>
 #include <random>
 
 #include <nlohmann/json.hpp>
+
+#include "common/mutex.h"
 
 namespace tandem::server {
 namespace {
@@ -62,13 +63,18 @@ std::string ApiErrorJson(const ApiError& e) {
 }
 
 std::string NewRequestId(Endpoint endpoint) {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
+  // A struct so that the generator can be annotated (a local static cannot be GUARDED_BY); still
+  // constructed on the first call.
+  struct IdSource {
+    Mutex mu;
+    std::mt19937_64 rng TANDEM_GUARDED_BY(mu){std::random_device{}()};
+  };
+  static IdSource ids;
   uint64_t a, b;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    a = rng();
-    b = rng();
+    MutexLock lock(&ids.mu);
+    a = ids.rng();
+    b = ids.rng();
   }
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%016llx%08llx", static_cast<unsigned long long>(a),

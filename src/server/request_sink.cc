@@ -12,7 +12,7 @@ RequestSink::RequestSink(const model::Tokenizer* tokenizer, std::vector<std::str
 
 bool RequestSink::OnToken(int32_t token) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (client_gone_) return false;
   }
   if (stop_.stopped()) return false;
@@ -20,10 +20,10 @@ bool RequestSink::OnToken(int32_t token) {
   if (!ignore_eos_ && tokenizer_->IsEndOfGeneration(token)) return true;
   StopMatcher::Result r = stop_.Push(decoder_.Push(token));
   if (!r.text.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_ += r.text;
   }
-  if (!r.text.empty() || r.stopped) cv_.notify_all();
+  if (!r.text.empty() || r.stopped) cv_.NotifyAll();
   return !r.stopped;
 }
 
@@ -39,18 +39,21 @@ void RequestSink::OnFinish(const serving::FinishInfo& info) {
   // Before the HTTP side can see the end, so that metrics already count a finished response.
   if (on_finish_) on_finish_(final_info);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_ += tail;
     finished_ = true;
     info_ = final_info;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 RequestSink::Taken RequestSink::Wait(std::chrono::steady_clock::duration timeout) {
   Taken t;
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || finished_; });
+  MutexLock lock(&mu_);
+  cv_.WaitFor(&mu_, timeout, [&] {
+    mu_.AssertHeld();
+    return !pending_.empty() || finished_;
+  });
   t.text = std::move(pending_);
   pending_.clear();
   t.finished = finished_;
@@ -59,12 +62,12 @@ RequestSink::Taken RequestSink::Wait(std::chrono::steady_clock::duration timeout
 }
 
 void RequestSink::MarkClientGone() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   client_gone_ = true;
 }
 
 bool RequestSink::client_gone() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return client_gone_;
 }
 

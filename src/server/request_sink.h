@@ -8,12 +8,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "model/tokenizer.h"
 #include "serving/backend.h"
 #include "server/stop_matcher.h"
@@ -28,8 +27,8 @@ class RequestSink : public serving::GenerationSink {
               std::function<void(const serving::FinishInfo&)> on_finish);
 
   // Backend side.
-  bool OnToken(int32_t token) override;
-  void OnFinish(const serving::FinishInfo& info) override;
+  bool OnToken(int32_t token) override TANDEM_EXCLUDES(mu_);
+  void OnFinish(const serving::FinishInfo& info) override TANDEM_EXCLUDES(mu_);
 
   // HTTP side. Waits until text is pending, the request finished, or `timeout` passed; takes
   // all pending text. `finished` is true once the request ended and no text is left, and `info`
@@ -39,13 +38,13 @@ class RequestSink : public serving::GenerationSink {
     bool finished = false;
     serving::FinishInfo info;
   };
-  Taken Wait(std::chrono::steady_clock::duration timeout);
+  Taken Wait(std::chrono::steady_clock::duration timeout) TANDEM_EXCLUDES(mu_);
   // The client went away (write failed, timed out): the next OnToken cancels the request.
-  void MarkClientGone();
-  bool client_gone() const;
+  void MarkClientGone() TANDEM_EXCLUDES(mu_);
+  bool client_gone() const TANDEM_EXCLUDES(mu_);
 
  private:
-  // Backend-thread state (touched only by OnToken/OnFinish, never concurrently).
+  // Backend-thread state (touched only by OnToken/OnFinish, never concurrently): no lock.
   const model::Tokenizer* tokenizer_;
   model::StreamDecoder decoder_;
   StopMatcher stop_;
@@ -53,12 +52,12 @@ class RequestSink : public serving::GenerationSink {
   std::function<void(const serving::FinishInfo&)> on_finish_;
 
   // Shared state.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::string pending_;
-  bool finished_ = false;
-  bool client_gone_ = false;
-  serving::FinishInfo info_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::string pending_ TANDEM_GUARDED_BY(mu_);
+  bool finished_ TANDEM_GUARDED_BY(mu_) = false;
+  bool client_gone_ TANDEM_GUARDED_BY(mu_) = false;
+  serving::FinishInfo info_ TANDEM_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::server

@@ -105,6 +105,8 @@ struct BackendStats {
 // InvalidArgument or OutOfRange naming the problem.
 Status ValidateRequest(const GenerationRequest& request, int vocab_size, int context_length);
 
+// Thread-safety: implementations are thread-safe: Submit, Stats, Drain and RetryAfterSeconds may
+// be called concurrently from any thread (HTTP handlers, the status line, the shutdown path).
 class GenerationBackend {
  public:
   virtual ~GenerationBackend() = default;

@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <future>
 #include <thread>
 #include <unordered_map>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "serving/prefix_cache.h"
 
 namespace tandem::serving {
@@ -65,28 +64,29 @@ class LocalBackendImpl final : public LocalBackend {
 
   ~LocalBackendImpl() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     loop_.join();
   }
 
-  Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) override {
+  Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink) override
+      TANDEM_EXCLUDES(mu_) {
     return SubmitObserved(std::move(request), std::move(sink), nullptr);
   }
 
   Status SubmitObserved(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
-                        std::shared_ptr<KvObserver> observer) override {
+                        std::shared_ptr<KvObserver> observer) override TANDEM_EXCLUDES(mu_) {
     TANDEM_RETURN_IF_ERROR(Validate(request));
     auto seq = NewSequence(std::move(request), std::move(sink));
     seq->observer = std::move(observer);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     TANDEM_RETURN_IF_ERROR(CheckAcceptingLocked());
     inbox_.push_back(std::move(seq));
     waiting_count_.fetch_add(1);
     idle_ = false;
-    cv_.notify_all();
+    cv_.NotifyAll();
     return OkStatus();
   }
 
@@ -101,8 +101,8 @@ class LocalBackendImpl final : public LocalBackend {
     return Reserve(id, std::vector<int32_t>(prompt.begin(), prompt.end()), n_tokens, expires);
   }
 
-  std::vector<uint64_t> CachedBlockKeys() const override {
-    std::lock_guard<std::mutex> lock(keys_mu_);
+  std::vector<uint64_t> CachedBlockKeys() const override TANDEM_EXCLUDES(keys_mu_) {
+    MutexLock lock(&keys_mu_);
     return cached_keys_;
   }
 
@@ -216,7 +216,7 @@ class LocalBackendImpl final : public LocalBackend {
     return seq;
   }
 
-  Status CheckAcceptingLocked() const {
+  Status CheckAcceptingLocked() const TANDEM_REQUIRES(mu_) {
     if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
     // waiting_count_ covers the inbox and the loop's queue; Admit refreshes it.
     if (waiting_count_.load() >= options_.max_waiting) {
@@ -227,24 +227,24 @@ class LocalBackendImpl final : public LocalBackend {
   }
 
   // Queues fn for the loop thread (between steps).
-  void PostToLoop(std::function<void()> fn) {
+  void PostToLoop(std::function<void()> fn) TANDEM_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       commands_.push_back(std::move(fn));
       idle_ = false;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Runs fn on the loop thread and returns its result; Unavailable if the loop does not get to
   // it within kCommandWait (a step is at most a few seconds) or is stopping.
   template <typename T>
-  StatusOr<T> RunOnLoop(std::function<StatusOr<T>()> fn) {
+  StatusOr<T> RunOnLoop(std::function<StatusOr<T>()> fn) TANDEM_EXCLUDES(mu_) {
     constexpr auto kCommandWait = std::chrono::seconds(30);
     auto promise = std::make_shared<std::promise<StatusOr<T>>>();
     auto future = promise->get_future();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_ || draining_) return FailedPrecondition("the server is shutting down");
     }
     PostToLoop([promise, fn = std::move(fn)] { promise->set_value(fn()); });
@@ -270,12 +270,15 @@ class LocalBackendImpl final : public LocalBackend {
     return s;
   }
 
-  void Drain(Clock::time_point deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Drain(Clock::time_point deadline) override TANDEM_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     draining_ = true;
     drain_deadline_ = deadline;
-    cv_.notify_all();
-    idle_cv_.wait(lock, [&] { return idle_; });
+    cv_.NotifyAll();
+    idle_cv_.Wait(&mu_, [&] {
+      mu_.AssertHeld();
+      return idle_;
+    });
   }
 
  private:
@@ -286,15 +289,16 @@ class LocalBackendImpl final : public LocalBackend {
   }
   bool ReservationDue() const { return Clock::now() >= NextReservationExpiry(); }
 
-  void Loop() {
+  void Loop() TANDEM_EXCLUDES(mu_) {
     std::vector<std::function<void()>> commands;
     while (true) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         idle_ = running_.empty() && waiting_.empty() && inbox_.empty() && reservations_.empty();
-        if (idle_) idle_cv_.notify_all();
+        if (idle_) idle_cv_.NotifyAll();
         // Sleeps until work arrives, or until the earliest reservation expires.
-        cv_.wait_until(lock, NextReservationExpiry(), [&] {
+        cv_.WaitUntil(&mu_, NextReservationExpiry(), [&] {
+          mu_.AssertHeld();
           return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty() ||
                  !commands_.empty() || ReservationDue();
         });
@@ -302,12 +306,13 @@ class LocalBackendImpl final : public LocalBackend {
         inbox_.clear();
         commands.swap(commands_);
         if (stop_ || (draining_ && Clock::now() >= drain_deadline_)) {
-          lock.unlock();
-          CancelAll(stop_ ? "the server stopped" : "the shutdown deadline passed");
-          lock.lock();
+          const bool stopping = stop_;  // stop_ is guarded: read it before unlocking
+          mu_.Unlock();
+          CancelAll(stopping ? "the server stopped" : "the shutdown deadline passed");
+          mu_.Lock();
           if (stop_) {
             idle_ = true;
-            idle_cv_.notify_all();
+            idle_cv_.NotifyAll();
             return;
           }
           continue;
@@ -323,7 +328,7 @@ class LocalBackendImpl final : public LocalBackend {
     }
   }
 
-  void CancelAll(const std::string& why) {
+  void CancelAll(const std::string& why) TANDEM_EXCLUDES(mu_) {
     for (auto& [id, r] : reservations_) kv_.Release(r.blocks);
     reservations_.clear();
     for (auto& s : running_) SetFinish(*s, FinishReason::kCancelled, why);
@@ -565,12 +570,12 @@ class LocalBackendImpl final : public LocalBackend {
     reap(waiting_);
   }
 
-  void PublishStats() {
+  void PublishStats() TANDEM_EXCLUDES(mu_, keys_mu_) {
     running_count_.store(static_cast<int>(running_.size()));
     if (prefix_cache_.version() != published_keys_version_) {  // copy only what changed
       published_keys_version_ = prefix_cache_.version();
       auto keys = prefix_cache_.Keys();
-      std::lock_guard<std::mutex> lock(keys_mu_);
+      MutexLock lock(&keys_mu_);
       cached_keys_ = std::move(keys);
     }
     const int cached = prefix_cache_.UnsharedBlocks();
@@ -579,7 +584,7 @@ class LocalBackendImpl final : public LocalBackend {
     int reserved = 0;
     for (const auto& [id, r] : reservations_) reserved += static_cast<int>(r.blocks.size());
     reserved_blocks_.store(reserved);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     waiting_count_.store(static_cast<int>(waiting_.size() + inbox_.size()));
   }
 
@@ -590,21 +595,22 @@ class LocalBackendImpl final : public LocalBackend {
   std::shared_ptr<spdlog::logger> log_;
   std::vector<float> logits_;  // loop thread only
 
-  // Loop thread only.
+  // Loop thread only (no lock; RunOnLoop / PostToLoop run other threads' work there).
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;                    // work arrived or stop/drain requested
-  std::condition_variable idle_cv_;               // the loop went idle
-  std::vector<std::unique_ptr<Sequence>> inbox_;  // guarded by mu_
-  std::vector<std::function<void()>> commands_;   // guarded by mu_; run by the loop thread
+  Mutex mu_;
+  CondVar cv_;                                    // work arrived or stop/drain requested
+  CondVar idle_cv_;                               // the loop went idle
+  std::vector<std::unique_ptr<Sequence>> inbox_ TANDEM_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> commands_ TANDEM_GUARDED_BY(mu_);  // run by the loop thread
   std::unordered_map<std::string, Reservation> reservations_;  // loop thread only
-  bool stop_ = false;                             // guarded by mu_
-  bool draining_ = false;                         // guarded by mu_
-  bool idle_ = true;                              // guarded by mu_
-  Clock::time_point drain_deadline_ = Clock::time_point::max();  // guarded by mu_
+  bool stop_ TANDEM_GUARDED_BY(mu_) = false;
+  bool draining_ TANDEM_GUARDED_BY(mu_) = false;
+  bool idle_ TANDEM_GUARDED_BY(mu_) = true;
+  Clock::time_point drain_deadline_ TANDEM_GUARDED_BY(mu_) = Clock::time_point::max();
 
+  // Published by the loop thread for Stats() and CheckAcceptingLocked(): lock-free.
   std::atomic<int> running_count_{0};
   std::atomic<int> waiting_count_{0};
   std::atomic<int> kv_used_{0};
@@ -616,8 +622,8 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int> reserved_blocks_{0};
   std::atomic<int64_t> reservations_expired_{0};
 
-  mutable std::mutex keys_mu_;
-  std::vector<uint64_t> cached_keys_;  // guarded by keys_mu_; the prefix cache's keys
+  mutable Mutex keys_mu_;
+  std::vector<uint64_t> cached_keys_ TANDEM_GUARDED_BY(keys_mu_);  // the prefix cache's keys
   uint64_t published_keys_version_ = 0;  // loop thread only: the version cached_keys_ holds
 
   std::thread loop_;  // last: starts after every member above is constructed

@@ -33,6 +33,9 @@ class KvObserver {
 };
 
 // The in-process backend with the hooks that disaggregated workers use.
+//
+// Thread-safety: every method may be called from any thread. One loop thread does the work and
+// calls sinks and observers, which must not call Reserve*/SubmitPrefilled (those wait for it).
 class LocalBackend : public GenerationBackend {
  public:
   // Prefill side: Submit, plus an observer of the request's KV writes (kept until it finishes).

@@ -14,7 +14,6 @@
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "transfer/transport.h"
 #include "transfer/ucx_transport.h"
@@ -105,10 +105,10 @@ class UcxWorker {
 
   Status Init();
   // Ends every request (Cancelled) once UCX let go of its buffer; joins the progress thread.
-  void Stop();
+  void Stop() TANDEM_EXCLUDES(mu_);
 
   // Runs fn on the progress thread. False if the thread is stopping (fn is dropped).
-  bool Post(std::function<void()> fn);
+  bool Post(std::function<void()> fn) TANDEM_EXCLUDES(mu_);
   // Runs fn on the progress thread and waits for its result, at most options_.open_timeout_ms.
   template <typename T>
   StatusOr<T> Call(std::function<StatusOr<T>()> fn);
@@ -131,8 +131,8 @@ class UcxWorker {
 
  private:
   void Loop();
-  bool RunTasks();
-  bool Stopping();
+  bool RunTasks() TANDEM_EXCLUDES(mu_);
+  bool Stopping() TANDEM_EXCLUDES(mu_);
   StatusOr<Endpoint*> CurrentEndpoint(Peer* peer);
   // Reads one byte of a segment of the peer (or flushes, without one): the peer's answer proves
   // the handshake finished in both directions. Progresses the worker inline, bounded.
@@ -161,9 +161,9 @@ class UcxWorker {
   std::thread thread_;
   std::thread::id thread_id_;
 
-  std::mutex mu_;                 // guards tasks_, stopping_
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
+  Mutex mu_;
+  std::deque<std::function<void()>> tasks_ TANDEM_GUARDED_BY(mu_);
+  bool stopping_ TANDEM_GUARDED_BY(mu_) = false;
 
   // Progress-thread state.
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;   // by id

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "transfer/ucx_transport_internal.h"
 
 namespace tandem::transfer::internal {
@@ -123,7 +124,7 @@ Status UcxWorker::Init() {
 
 void UcxWorker::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (wake_fd_ >= 0) {
@@ -136,7 +137,7 @@ void UcxWorker::Stop() {
 
 bool UcxWorker::Post(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return false;
     tasks_.push_back(std::move(fn));
   }
@@ -146,14 +147,14 @@ bool UcxWorker::Post(std::function<void()> fn) {
 }
 
 bool UcxWorker::Stopping() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stopping_;
 }
 
 bool UcxWorker::RunTasks() {
   std::deque<std::function<void()>> tasks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tasks.swap(tasks_);
   }
   for (auto& t : tasks) t();
@@ -257,7 +258,7 @@ void UcxWorker::StartOp(bool write, uint64_t peer_id, uint64_t rkey_id, uint64_t
   Endpoint* e = *endpoint;
   auto rk = e->rkeys.find(rkey_id);
   if (rk == e->rkeys.end()) {
-    done(Status(StatusCode::kFailedPrecondition, "ucx segment was closed"));
+    done(FailedPrecondition("ucx segment was closed"));
     return;
   }
   auto* op = new Op();

@@ -27,8 +27,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/gemm_driver.h"
-#include "kernels/isa.h"
+#include "kernels/gemm_driver_internal.h"
+#include "kernels/isa_internal.h"
 #include "common/dtype.h"
 
 namespace tandem::kernels::internal::avx512 {

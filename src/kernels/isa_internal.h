@@ -6,7 +6,7 @@
 // MatMul converts each activation row once per call into an ISA-private layout of
 // act_row_bytes(w.dtype, k) bytes (a multiple of 64), then runs gemm over ranges of output rows
 // on the pool's threads. Each ISA reproduces the same activation quantization numerics (see
-// quant_blocks.h), so all paths agree up to float summation order.
+// quant_blocks_internal.h), so all paths agree up to float summation order.
 #pragma once
 
 #include <cstddef>

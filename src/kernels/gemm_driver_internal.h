@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
-#include "kernels/isa.h"
+#include "kernels/isa_internal.h"
 
 namespace tandem::kernels::internal {
 
