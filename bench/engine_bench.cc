@@ -6,15 +6,14 @@
 #include <immintrin.h>
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "kernels/cpu_isa.h"
@@ -25,7 +24,9 @@ using Clock = std::chrono::steady_clock;
 using tandem::engine::BatchItem;
 using tandem::engine::Engine;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -41,7 +42,8 @@ long PeakRssKiB() {
 // Deterministic prompt tokens (ids spread over the vocabulary, avoiding control tokens).
 std::vector<int32_t> PromptTokens(int n, int vocab, int salt) {
   std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) t[i] = 100 + static_cast<int32_t>((i * 7919L + salt * 104729L) % (vocab - 100));
+  for (int i = 0; i < n; ++i)
+    t[i] = 100 + static_cast<int32_t>((i * 7919L + salt * 104729L) % (vocab - 100));
   return t;
 }
 
@@ -53,20 +55,23 @@ double MeasureReadBandwidth(tandem::ThreadPool& pool) {
   std::vector<double> sums(pool.num_threads());
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    pool.ParallelFor(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int t) {
-      // Four independent accumulators: the compiler vectorises this; memory is the limit.
-      double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        a0 += buf[i];
-        a1 += buf[i + 1];
-        a2 += buf[i + 2];
-        a3 += buf[i + 3];
-      }
-      double s = a0 + a1 + a2 + a3;
-      for (; i < e; ++i) s += buf[i];
-      sums[t] += s;
-    }, 4096);
+    pool.ParallelFor(
+        static_cast<int64_t>(n),
+        [&](int64_t b, int64_t e, int t) {
+          // Four independent accumulators: the compiler vectorises this; memory is the limit.
+          double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          int64_t i = b;
+          for (; i + 4 <= e; i += 4) {
+            a0 += buf[i];
+            a1 += buf[i + 1];
+            a2 += buf[i + 2];
+            a3 += buf[i + 3];
+          }
+          double s = a0 + a1 + a2 + a3;
+          for (; i < e; ++i) s += buf[i];
+          sums[t] += s;
+        },
+        4096);
     times.push_back(Since(t0));
   }
   return n * 8.0 / *std::min_element(times.begin(), times.end()) / 1e9;
@@ -112,7 +117,10 @@ double MeasurePeakFlops(tandem::ThreadPool& pool) {
   return flops_per_iter * iters * pool.num_threads() / *std::min_element(best.begin(), best.end());
 }
 
-void Emit(nlohmann::json j) { std::printf("%s\n", j.dump().c_str()); std::fflush(stdout); }
+void Emit(nlohmann::json j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
 
 }  // namespace
 
@@ -152,9 +160,13 @@ int main(int argc, char** argv) {
                                3.0 * cfg.dim * cfg.ffn_dim) +
                           static_cast<double>(cfg.vocab_size) * cfg.dim;
     if (limits) {
-      Emit({{"engine", "machine"}, {"threads", nt}, {"metric", "read_bandwidth_gbps"},
+      Emit({{"engine", "machine"},
+            {"threads", nt},
+            {"metric", "read_bandwidth_gbps"},
             {"value", MeasureReadBandwidth(eng.pool())}});
-      Emit({{"engine", "machine"}, {"threads", nt}, {"metric", "peak_fp32_gflops"},
+      Emit({{"engine", "machine"},
+            {"threads", nt},
+            {"metric", "peak_fp32_gflops"},
             {"value", MeasurePeakFlops(eng.pool()) / 1e9}});
     }
     std::vector<float> logits;
@@ -168,12 +180,19 @@ int main(int argc, char** argv) {
         auto st = eng.transformer().Forward({&item, 1}, eng.kv(), &logits);
         const double dt = Since(t0);
         eng.kv().Release(blocks);
-        if (!st.ok()) { std::fprintf(stderr, "%s\n", st.ToString().c_str()); return 1; }
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.ToString().c_str());
+          return 1;
+        }
         if (r > 0) times.push_back(dt);
       }
       const double tps = len / Median(times);
-      Emit({{"engine", "tandem"}, {"threads", nt}, {"metric", "prefill"}, {"prompt_len", len},
-            {"tokens_per_s", tps}, {"gflops", tps * 2 * params / 1e9}});
+      Emit({{"engine", "tandem"},
+            {"threads", nt},
+            {"metric", "prefill"},
+            {"prompt_len", len},
+            {"tokens_per_s", tps},
+            {"gflops", tps * 2 * params / 1e9}});
     }
     for (int batch : batches) {
       const int prompt_len = 128;
@@ -197,11 +216,17 @@ int main(int argc, char** argv) {
       }
       for (auto& bl : blocks) eng.kv().Release(bl);
       const double step = Median(step_times);
-      Emit({{"engine", "tandem"}, {"threads", nt}, {"metric", "decode"}, {"batch", batch},
-            {"tokens_per_s", batch / step}, {"model_bytes", eng.model_bytes()},
+      Emit({{"engine", "tandem"},
+            {"threads", nt},
+            {"metric", "decode"},
+            {"batch", batch},
+            {"tokens_per_s", batch / step},
+            {"model_bytes", eng.model_bytes()},
             {"weight_gbps", eng.model_bytes() / step / 1e9}});
     }
-    Emit({{"engine", "tandem"}, {"threads", nt}, {"metric", "peak_rss_mib"},
+    Emit({{"engine", "tandem"},
+          {"threads", nt},
+          {"metric", "peak_rss_mib"},
           {"value", PeakRssKiB() / 1024.0}});
   }
   return 0;

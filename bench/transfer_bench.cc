@@ -12,10 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -30,9 +29,9 @@ using namespace std::chrono_literals;
 
 constexpr uint64_t kMaxBlock = uint64_t{1} << 30;
 constexpr uint64_t kDefaultBufferCap = uint64_t{256} << 20;  // default segment size cap, bytes
-constexpr auto kBatchTimeout = 30s;     // per batch; a slower batch is an error
-constexpr auto kTargetStartup = 15s;    // a spawned target publishes its segment by then
-constexpr int kWarmupBatches = 3;       // per thread, not measured
+constexpr auto kBatchTimeout = 30s;   // per batch; a slower batch is an error
+constexpr auto kTargetStartup = 15s;  // a spawned target publishes its segment by then
+constexpr int kWarmupBatches = 3;     // per thread, not measured
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "transfer-bench: error: %s\n", message.c_str());
@@ -41,8 +40,8 @@ int Fail(const std::string& message) {
 
 struct Plan {
   transfer::OpCode op = transfer::OpCode::kWrite;
-  uint64_t block = 0;         // bytes per request
-  uint64_t buffer = 0;        // bytes of the remote segment (and of the local buffer)
+  uint64_t block = 0;   // bytes per request
+  uint64_t buffer = 0;  // bytes of the remote segment (and of the local buffer)
   int batch = 0, threads = 0;
   double duration_s = 0;
 };
@@ -100,18 +99,18 @@ int Report(const TransferBenchOptions& f, const Plan& p, Result r) {
   for (double v : r.latencies_us) mean += v;
   if (!r.latencies_us.empty()) mean /= static_cast<double>(r.latencies_us.size());
   if (f.json) {
-    nlohmann::json j = {{"protocol", f.protocol},      {"operation", f.operation},
-                        {"block_size", p.block},       {"batch_size", p.batch},
-                        {"threads", p.threads},        {"duration_s", r.elapsed_s},
-                        {"bytes", r.bytes},            {"requests", r.requests},
-                        {"batches", r.batches},        {"gbps", gbps},
-                        {"p50_us", p50},               {"p99_us", p99},
-                        {"mean_us", mean},             {"latency_of", "batch"}};
+    nlohmann::json j = {{"protocol", f.protocol}, {"operation", f.operation},
+                        {"block_size", p.block},  {"batch_size", p.batch},
+                        {"threads", p.threads},   {"duration_s", r.elapsed_s},
+                        {"bytes", r.bytes},       {"requests", r.requests},
+                        {"batches", r.batches},   {"gbps", gbps},
+                        {"p50_us", p50},          {"p99_us", p99},
+                        {"mean_us", mean},        {"latency_of", "batch"}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s %s: block %llu B x batch %d x %d thread(s), %.2f s\n", f.protocol.c_str(),
-                f.operation.c_str(), static_cast<unsigned long long>(p.block), p.batch,
-                p.threads, r.elapsed_s);
+                f.operation.c_str(), static_cast<unsigned long long>(p.block), p.batch, p.threads,
+                r.elapsed_s);
     std::printf("  throughput %.3f GB/s (%llu requests, %llu bytes)\n", gbps,
                 static_cast<unsigned long long>(r.requests),
                 static_cast<unsigned long long>(r.bytes));
@@ -208,9 +207,9 @@ int RunMemcpy(const TransferBenchOptions& f, const Plan& p) {
 }
 
 StatusOr<std::unique_ptr<transfer::TransferEngine>> MakeEngine(const TransferBenchOptions& f,
-                                                                const std::string& role,
-                                                                transfer::Protocol protocol,
-                                                                int workers) {
+                                                               const std::string& role,
+                                                               transfer::Protocol protocol,
+                                                               int workers) {
   transfer::TransferEngineOptions o;
   o.local_name = "transfer-bench-" + role + "-" + std::to_string(getpid());
   TANDEM_ASSIGN_OR_RETURN(o.metadata, transfer::OpenMetadataStore(f.metadata));
@@ -236,9 +235,9 @@ int RunTarget(const TransferBenchOptions& f, const Plan& p, transfer::Protocol p
   std::printf("READY %s %llu\n", f.segment.c_str(), static_cast<unsigned long long>(p.buffer));
   std::fflush(stdout);
   const auto until = f.lifetime_s > 0
-      ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(f.lifetime_s))
-      : Clock::time_point::max();
+                         ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(f.lifetime_s))
+                         : Clock::time_point::max();
   while (Clock::now() < until) {
     timespec ts{0, 200 * 1000 * 1000};
     if (sigtimedwait(&stop_signals, nullptr, &ts) > 0) break;
@@ -254,9 +253,9 @@ class SpawnedTarget {
   Status Start(const TransferBenchOptions& f, const Plan& p, const std::string& metadata,
                const std::string& segment) {
     std::vector<std::string> args = {
-        "tandem", "transfer-bench", "--mode", "target", "--protocol", f.protocol,
-        "--metadata", metadata, "--segment", segment, "--buffer-size", std::to_string(p.buffer),
-        "--listen-host", f.listen_host,
+        "tandem", "transfer-bench", "--mode", "target", "--protocol", f.protocol, "--metadata",
+        metadata, "--segment", segment, "--buffer-size", std::to_string(p.buffer), "--listen-host",
+        f.listen_host,
         // Bounded life even if this process vanishes without stopping it.
         "--lifetime", std::to_string(p.duration_s + 120)};
     args[0] = "/proc/self/exe";  // this binary, as `tandem transfer-bench --mode target`

@@ -18,19 +18,19 @@
 namespace tandem::bench {
 
 struct TransferBenchOptions {
-  std::string mode = "initiator";       // initiator | target
-  std::string protocol = "tcp";         // shm | tcp | ucx | memcpy
-  std::string operation = "write";      // read | write
-  std::string block_size = "64KiB";     // bytes per request
-  int batch_size = 32;                  // requests per batch
-  int threads = 1;                      // initiator threads, one batch in flight each
-  double duration_s = 5.0;              // measured seconds (after a short warm-up)
-  std::string metadata;                 // embedded:/http:///etcd:// URI; empty: own HTTP server
-  std::string segment;                  // target segment name; empty: start a loopback target
-  std::string buffer_size;              // segment bytes; empty: threads x batch x block (capped)
+  std::string mode = "initiator";         // initiator | target
+  std::string protocol = "tcp";           // shm | tcp | ucx | memcpy
+  std::string operation = "write";        // read | write
+  std::string block_size = "64KiB";       // bytes per request
+  int batch_size = 32;                    // requests per batch
+  int threads = 1;                        // initiator threads, one batch in flight each
+  double duration_s = 5.0;                // measured seconds (after a short warm-up)
+  std::string metadata;                   // embedded:/http:///etcd:// URI; empty: own HTTP server
+  std::string segment;                    // target segment name; empty: start a loopback target
+  std::string buffer_size;                // segment bytes; empty: threads x batch x block (capped)
   std::string listen_host = "127.0.0.1";  // target's data listener
-  double lifetime_s = 0;                // target: exit after this long (0: until SIGINT/SIGTERM)
-  bool json = false;                    // one JSON object on stdout
+  double lifetime_s = 0;                  // target: exit after this long (0: until SIGINT/SIGTERM)
+  bool json = false;                      // one JSON object on stdout
 };
 
 // Runs the initiator or the target of `options`; the process exit code (results on stdout,

@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TANDEM_CMAKE_ARGS="-DTANDEM_WERROR=ON" scripts/setup.sh
 scripts/check_format.sh
+scripts/check_includes.sh
 scripts/check_thread_safety.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600

@@ -13,7 +13,8 @@ std::string DefaultModelPath() {
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::string name = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!ec) {
-    for (auto dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+    for (auto dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
+         dir = dir.parent_path()) {
       if (std::filesystem::exists(dir / name)) return (dir / name).string();
     }
   }

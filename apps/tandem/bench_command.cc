@@ -43,7 +43,8 @@ std::string BenchServeScriptPath() {
 }
 
 CLI::App* AddBenchCommand(CLI::App& app, BenchFlags& f) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (serve: load generator for OpenAI-compatible servers)");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Benchmarks (serve: load generator for OpenAI-compatible servers)");
   bench->require_subcommand(1);
   f.serve = bench->add_subcommand(
       "serve",

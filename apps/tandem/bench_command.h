@@ -2,10 +2,9 @@
 // python3, passing every argument after `serve` through unchanged.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace tandem::app {
 

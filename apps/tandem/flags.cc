@@ -15,14 +15,16 @@ void AddModelFlag(CLI::App* cmd, std::string& model) {
 }
 
 CLI::Option* AddBlockTokensFlag(CLI::App* cmd, int& block_tokens) {
-  return cmd->add_option("--block-tokens", block_tokens, "Tokens per KV block (equal on every worker)")
+  return cmd
+      ->add_option("--block-tokens", block_tokens, "Tokens per KV block (equal on every worker)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
 }
 
 CLI::Option* AddMaxBatchTokensFlag(CLI::App* cmd, int& max_batch_tokens) {
-  return cmd->add_option("--max-batch-tokens", max_batch_tokens,
-                         "Tokens per forward step (prompt chunks + decodes)")
+  return cmd
+      ->add_option("--max-batch-tokens", max_batch_tokens,
+                   "Tokens per forward step (prompt chunks + decodes)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
 }
@@ -57,14 +59,14 @@ void AddTransferFlags(CLI::App* cmd, WorkerKnobs& k) {
 }
 
 std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& k) {
-  return {"--block-tokens",       std::to_string(k.block_tokens),
-          "--max-num-seqs",       std::to_string(k.max_num_seqs),
-          "--max-batch-tokens",   std::to_string(k.max_batch_tokens),
-          "--max-waiting",        std::to_string(k.max_waiting),
-          "--drain-timeout-s",    Exact(k.drain_timeout_s),
-          "--transfer-protocols", k.transfer_protocols,
+  return {"--block-tokens",          std::to_string(k.block_tokens),
+          "--max-num-seqs",          std::to_string(k.max_num_seqs),
+          "--max-batch-tokens",      std::to_string(k.max_batch_tokens),
+          "--max-waiting",           std::to_string(k.max_waiting),
+          "--drain-timeout-s",       Exact(k.drain_timeout_s),
+          "--transfer-protocols",    k.transfer_protocols,
           "--kv-transfer-timeout-s", Exact(k.kv_transfer_timeout_s),
-          "--cost-profile",       k.cost_profile};
+          "--cost-profile",          k.cost_profile};
 }
 
 }  // namespace tandem::app

@@ -5,20 +5,19 @@
 // command line is generated from WorkerFlags, worker_flags.h WorkerArgv).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace tandem::app {
 
 // Engine and scheduler settings of one worker, and its side of the KV transfer.
 struct WorkerKnobs {
-  int block_tokens = 16;        // tokens per KV block (equal on every worker)
-  int max_num_seqs = 32;        // sequences computed at once
-  int max_batch_tokens = 256;   // tokens per forward step (prompt chunks + decodes)
-  int max_waiting = 256;        // queued requests beyond this are refused (429)
-  double drain_timeout_s = 30;  // on SIGTERM, time given to requests in flight
+  int block_tokens = 16;                       // tokens per KV block (equal on every worker)
+  int max_num_seqs = 32;                       // sequences computed at once
+  int max_batch_tokens = 256;                  // tokens per forward step (prompt chunks + decodes)
+  int max_waiting = 256;                       // queued requests beyond this are refused (429)
+  double drain_timeout_s = 30;                 // on SIGTERM, time given to requests in flight
   std::string transfer_protocols = "shm,tcp";  // KV transfer protocols by preference
   double kv_transfer_timeout_s = 10;           // a KV push batch not landed by then fails
   std::string cost_profile = "auto";           // cluster/calibration.h LoadOrCalibrate

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "common/logging.h"
 #include "app_util.h"
+#include "common/logging.h"
 #include "engine/engine.h"
 #include "flags.h"
 
@@ -18,15 +18,20 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateFlags& f) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (stdout: text only)");
   AddModelFlag(cmd, f.model);
   cmd->add_option("--prompt", f.prompt, "Prompt text")->required();
-  cmd->add_option("--max-tokens", f.max_tokens, "Tokens to generate")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--max-tokens", f.max_tokens, "Tokens to generate")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--temperature", f.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", f.top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-p", f.top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--min-p", f.min_p, "Drop tokens below min-p x the top probability")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", f.top_k, "Keep the k most likely tokens (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", f.top_p, "Nucleus sampling mass (1 = off)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", f.min_p, "Drop tokens below min-p x the top probability")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", f.seed, "Sampling seed");
   cmd->add_flag("--chat", f.chat, "Wrap the prompt as a user message with the chat template");
   cmd->add_flag("--ignore-eos", f.ignore_eos, "Keep generating past end-of-generation tokens");
-  cmd->add_option("--threads", f.threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 256));
+  cmd->add_option("--threads", f.threads, "Worker threads (default: all cores)")
+      ->check(CLI::Range(1, 256));
   return cmd;
 }
 

@@ -1,9 +1,8 @@
 // `tandem generate`: one prompt in, generated text out (stdout), timings on stderr.
 #pragma once
 
-#include <string>
-
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace tandem::app {
 

@@ -6,15 +6,15 @@
 #include "generate_command.h"
 #include "serve_command.h"
 #include "simulate_command.h"
-#include "worker_command.h"
 #include "transfer_bench_command.h"
+#include "worker_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem: LLM serving with prefill and decode disaggregated"};
   app.require_subcommand(1);
   std::string log_level = "warn";
-  CLI::Option* log_level_opt =
-      app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off (serve: info)");
+  CLI::Option* log_level_opt = app.add_option("--log-level", log_level,
+                                              "trace, debug, info, warn, error, off (serve: info)");
   tandem::app::GenerateFlags generate;
   CLI::App* generate_cmd = tandem::app::AddGenerateCommand(app, generate);
   tandem::app::ServeFlags serve;

@@ -10,13 +10,13 @@
 #include <functional>
 #include <thread>
 
-#include "conductor/conductor.h"
+#include "app_util.h"
 #include "cluster/supervisor.h"
 #include "common/logging.h"
+#include "conductor/conductor.h"
 #include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
-#include "app_util.h"
 #include "server/http_server.h"
 #include "serving/local_backend.h"
 #include "transfer/metadata.h"
@@ -28,13 +28,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 Clock::time_point After(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 // KV bytes per token of the model (the KV layout's own formula).
 int64_t KvBytesPerToken(const model::LlamaConfig& c) {
-  return engine::KvCacheShape{.n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads,
-                              .head_dim = c.head_dim}
+  return engine::KvCacheShape{
+      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim}
       .BytesPerToken();
 }
 
@@ -46,34 +47,55 @@ namespace {
 void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
   AddModelFlag(cmd, f.model);
   cmd->add_option("--host", f.host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", f.port, "Port to listen on")->check(CLI::Range(1, 65535))->capture_default_str();
-  cmd->add_option("--threads", f.threads, "Engine worker threads (default: all cores)")->check(CLI::Range(1, 256));
+  cmd->add_option("--port", f.port, "Port to listen on")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  cmd->add_option("--threads", f.threads, "Engine worker threads (default: all cores)")
+      ->check(CLI::Range(1, 256));
   AddSchedulerFlags(cmd, f.knobs);
-  auto* kv_tokens = cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens,
-                                    "KV-cache capacity in tokens (default: max(16384, --max-model-len))")
-                        ->check(CLI::Range(1, 1 << 26));
-  cmd->add_option("--kv-cache-mb", f.kv_cache_mb, "KV-cache capacity in MiB (instead of --kv-cache-tokens)")
-      ->check(CLI::Range(1, 1 << 22))->excludes(kv_tokens);
-  cmd->add_option("--max-model-len", f.max_model_len, "Prompt + completion tokens per request "
-                  "(default: the model's context length)")->check(CLI::Range(2, 1 << 24));
-  cmd->add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1/* (or env TANDEM_API_KEY)");
-  cmd->add_option("--served-model-name", f.served_model_name, "Model name clients use (default: file stem)");
+  auto* kv_tokens =
+      cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens,
+                      "KV-cache capacity in tokens (default: max(16384, --max-model-len))")
+          ->check(CLI::Range(1, 1 << 26));
+  cmd->add_option("--kv-cache-mb", f.kv_cache_mb,
+                  "KV-cache capacity in MiB (instead of --kv-cache-tokens)")
+      ->check(CLI::Range(1, 1 << 22))
+      ->excludes(kv_tokens);
+  cmd->add_option("--max-model-len", f.max_model_len,
+                  "Prompt + completion tokens per request "
+                  "(default: the model's context length)")
+      ->check(CLI::Range(2, 1 << 24));
+  cmd->add_option("--api-key", f.api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* (or env TANDEM_API_KEY)");
+  cmd->add_option("--served-model-name", f.served_model_name,
+                  "Model name clients use (default: file stem)");
   cmd->add_option("--request-timeout-s", f.request_timeout_s, "A request fails after this long")
-      ->check(CLI::Range(0.1, 1e6))->capture_default_str();
-  cmd->add_option("--http-threads", f.http_threads, "Connections served at once "
-                  "(default: max-num-seqs + max-waiting + 16)")->check(CLI::Range(1, 100000));
+      ->check(CLI::Range(0.1, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", f.http_threads,
+                  "Connections served at once "
+                  "(default: max-num-seqs + max-waiting + 16)")
+      ->check(CLI::Range(1, 100000));
   // Scheduling of the disaggregated mode (ignored by --mode colocated).
   cmd->add_option("--placement-policy", f.placement_policy,
                   "random, load-balance, cache-aware, or cache-load (minimum predicted TTFT)")
       ->check(CLI::IsMember({"random", "load-balance", "cache-aware", "cache-load"}))
       ->capture_default_str();
-  cmd->add_option("--admission", f.admission, "SLO admission: none, early (reject on the predicted "
+  cmd->add_option("--admission", f.admission,
+                  "SLO admission: none, early (reject on the predicted "
                   "TTFT/TBT now), predictive (with the decode load when the prefill ends)")
-      ->check(CLI::IsMember({"none", "early", "predictive"}))->capture_default_str();
-  cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "TTFT SLO in ms (0: none; a request's "
-                  "'slo_ttft_ms' field overrides it)")->check(CLI::Range(0.0, 3.6e6))->capture_default_str();
-  cmd->add_option("--slo-tbt-ms", f.slo_tbt_ms, "Time-between-tokens SLO in ms (0: none; a request's "
-                  "'slo_tbt_ms' overrides it)")->check(CLI::Range(0.0, 3.6e6))->capture_default_str();
+      ->check(CLI::IsMember({"none", "early", "predictive"}))
+      ->capture_default_str();
+  cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms,
+                  "TTFT SLO in ms (0: none; a request's "
+                  "'slo_ttft_ms' field overrides it)")
+      ->check(CLI::Range(0.0, 3.6e6))
+      ->capture_default_str();
+  cmd->add_option("--slo-tbt-ms", f.slo_tbt_ms,
+                  "Time-between-tokens SLO in ms (0: none; a request's "
+                  "'slo_tbt_ms' overrides it)")
+      ->check(CLI::Range(0.0, 3.6e6))
+      ->capture_default_str();
   cmd->add_flag("!--no-local-prefill", f.local_prefill,
                 "Never compute a prompt on its decode worker (no conditional disaggregation)");
 }
@@ -83,16 +105,24 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
 CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
   CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
   AddFrontDoorFlags(cmd, f);
-  cmd->add_option("--mode", f.mode, "disaggregated: prefill and decode worker processes; "
+  cmd->add_option("--mode", f.mode,
+                  "disaggregated: prefill and decode worker processes; "
                   "colocated: one process")
-      ->check(CLI::IsMember({"disaggregated", "colocated"}))->capture_default_str();
-  cmd->add_option("--prefill-workers", f.prefill_workers, "Prefill worker processes (disaggregated)")
-      ->check(CLI::Range(0, 64))->capture_default_str();
+      ->check(CLI::IsMember({"disaggregated", "colocated"}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-workers", f.prefill_workers,
+                  "Prefill worker processes (disaggregated)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   cmd->add_option("--decode-workers", f.decode_workers, "Decode worker processes (disaggregated)")
-      ->check(CLI::Range(1, 64))->capture_default_str();
-  cmd->add_option("--threads-per-worker", f.threads_per_worker, "Engine threads of each worker "
-                  "(default: --threads divided among the workers, at least 1)")->check(CLI::Range(1, 256));
-  cmd->add_option("--metadata", f.metadata, "Metadata service for the workers (default: one served "
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--threads-per-worker", f.threads_per_worker,
+                  "Engine threads of each worker "
+                  "(default: --threads divided among the workers, at least 1)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--metadata", f.metadata,
+                  "Metadata service for the workers (default: one served "
                   "by this process on loopback; or etcd://HOST:PORT)");
   AddTransferFlags(cmd, f.knobs);
   return cmd;
@@ -100,10 +130,13 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
 
 CLI::App* AddConductorCommand(CLI::App& app, ServeFlags& f) {
   CLI::App* cmd = app.add_subcommand(
-      "conductor", "Serve the OpenAI-compatible API over workers started elsewhere (tandem worker)");
+      "conductor",
+      "Serve the OpenAI-compatible API over workers started elsewhere (tandem worker)");
   AddFrontDoorFlags(cmd, f);
-  cmd->add_option("--metadata", f.metadata, "Metadata service where workers publish themselves: "
-                  "etcd://HOST:PORT or http://HOST:PORT")->required();
+  cmd->add_option("--metadata", f.metadata,
+                  "Metadata service where workers publish themselves: "
+                  "etcd://HOST:PORT or http://HOST:PORT")
+      ->required();
   cmd->callback([&f] {
     f.mode = "disaggregated";
     f.spawn_workers = false;
@@ -212,13 +245,16 @@ int RunServe(const ServeFlags& f) {
   if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
   if (f.kv_cache_mb > 0) kv_tokens = int64_t{f.kv_cache_mb} * (1 << 20) / KvBytesPerToken(config);
   if (kv_tokens < f.knobs.block_tokens || kv_tokens > (1 << 26)) {
-    std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n", static_cast<long long>(kv_tokens));
+    std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n",
+                 static_cast<long long>(kv_tokens));
     return 2;
   }
   if (kv_tokens < max_model_len) {
     // A request longer than the whole cache could never run: cap the context to the cache.
-    log->warn("the KV cache ({} tokens) is smaller than the context ({} tokens); max_model_len is "
-              "capped to {}", kv_tokens, max_model_len, kv_tokens);
+    log->warn(
+        "the KV cache ({} tokens) is smaller than the context ({} tokens); max_model_len is "
+        "capped to {}",
+        kv_tokens, max_model_len, kv_tokens);
     max_model_len = static_cast<int>(kv_tokens);
   }
 
@@ -234,7 +270,8 @@ int RunServe(const ServeFlags& f) {
                                : f.served_model_name;
   opts.max_model_len = max_model_len;
   opts.request_timeout_s = f.request_timeout_s;
-  opts.http_threads = f.http_threads > 0 ? f.http_threads : f.knobs.max_num_seqs + f.knobs.max_waiting + 16;
+  opts.http_threads =
+      f.http_threads > 0 ? f.http_threads : f.knobs.max_num_seqs + f.knobs.max_waiting + 16;
   const double kv_mib = kv_tokens * static_cast<double>(KvBytesPerToken(config)) / (1 << 20);
 
   if (f.mode == "colocated") {
@@ -256,10 +293,12 @@ int RunServe(const ServeFlags& f) {
     std::unique_ptr<serving::GenerationBackend> backend = serving::MakeLocalBackend(eng.get(), so);
     const std::string description = fmt::format(
         "colocated, threads={} max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) max_model_len={} "
-        "chat_template={}", threads, f.knobs.max_num_seqs, kv_tokens, kv_mib, max_model_len,
+        "chat_template={}",
+        threads, f.knobs.max_num_seqs, kv_tokens, kv_mib, max_model_len,
         eng->chat_template() ? "yes" : "no");
-    const int rc = ServeHttp(f, opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
-                             backend.get(), signals, description, nullptr);
+    const int rc =
+        ServeHttp(f, opts, {&eng->tokenizer(), eng->chat_template(), eng->chat_template_error()},
+                  backend.get(), signals, description, nullptr);
     backend.reset();
     return rc;
   }
@@ -288,7 +327,8 @@ int RunServe(const ServeFlags& f) {
   // An external metadata service may be starting at the same time: retry for a while.
   auto metadata = transfer::OpenMetadataStore(metadata_uri);
   for (const Clock::time_point give_up = After(30);
-       !metadata.ok() && metadata.status().code() == StatusCode::kUnavailable && Clock::now() < give_up;) {
+       !metadata.ok() && metadata.status().code() == StatusCode::kUnavailable &&
+       Clock::now() < give_up;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     metadata = transfer::OpenMetadataStore(metadata_uri);
   }
@@ -363,21 +403,23 @@ int RunServe(const ServeFlags& f) {
   }
   const std::string description =
       f.spawn_workers
-          ? fmt::format("disaggregated, {} prefill + {} decode workers x {} threads, metadata {}, "
-                        "max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) per worker, "
-                        "max_model_len={} chat_template={}",
-                        f.prefill_workers, f.decode_workers, worker_threads, metadata_uri,
-                        f.knobs.max_num_seqs, kv_tokens, kv_mib, max_model_len,
-                        front->chat_template ? "yes" : "no")
-          : fmt::format("conductor over the workers published in {}, max_model_len={} "
-                        "chat_template={}", metadata_uri, max_model_len,
-                        front->chat_template ? "yes" : "no");
-  const int rc = ServeHttp(
-      f, opts,
-      {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,
-       front->chat_template_error},
-      conductor->get(), signals, description,
-      [&] { supervisor.StopAll(After(f.knobs.drain_timeout_s + 5)); });
+          ? fmt::format(
+                "disaggregated, {} prefill + {} decode workers x {} threads, metadata {}, "
+                "max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) per worker, "
+                "max_model_len={} chat_template={}",
+                f.prefill_workers, f.decode_workers, worker_threads, metadata_uri,
+                f.knobs.max_num_seqs, kv_tokens, kv_mib, max_model_len,
+                front->chat_template ? "yes" : "no")
+          : fmt::format(
+                "conductor over the workers published in {}, max_model_len={} "
+                "chat_template={}",
+                metadata_uri, max_model_len, front->chat_template ? "yes" : "no");
+  const int rc =
+      ServeHttp(f, opts,
+                {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,
+                 front->chat_template_error},
+                conductor->get(), signals, description,
+                [&] { supervisor.StopAll(After(f.knobs.drain_timeout_s + 5)); });
   conductor->reset();
   return rc;
 }

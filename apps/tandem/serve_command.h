@@ -1,22 +1,21 @@
 // `tandem serve`: the OpenAI-compatible HTTP server. Disaggregated by default: a conductor
 // (cluster::Conductor + server::HttpServer) in this process and prefill / decode worker
 // processes (`tandem worker`) that it supervises and restarts. --mode colocated: one
-// in-process engine with continuous batching (serving::MakeLocalBackend). SIGTERM/SIGINT: stop accepting
-// (503), let in-flight requests finish within --drain-timeout-s, exit 0; a second signal exits
-// at once.
+// in-process engine with continuous batching (serving::MakeLocalBackend). SIGTERM/SIGINT: stop
+// accepting (503), let in-flight requests finish within --drain-timeout-s, exit 0; a second signal
+// exits at once.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "flags.h"
 
 namespace tandem::app {
 
 struct ServeFlags {
-  std::string model;              // default: the bundled model
+  std::string model;  // default: the bundled model
   std::string host = "127.0.0.1";
   int port = 8000;
   int threads = 0;                // 0: all cores
@@ -26,21 +25,21 @@ struct ServeFlags {
   std::string api_key;            // or env TANDEM_API_KEY
   std::string served_model_name;  // default: the model file's stem
   double request_timeout_s = 600;
-  int http_threads = 0;           // 0: max_num_seqs + max_waiting + 16
+  int http_threads = 0;  // 0: max_num_seqs + max_waiting + 16
   // Scheduling and transfer settings, the colocated engine's and each worker's (passed on).
   WorkerKnobs knobs;
   // Disaggregated mode (the default): a conductor in this process, workers as child processes.
   std::string mode = "disaggregated";  // or "colocated": one in-process engine
   int prefill_workers = 1;
   int decode_workers = 1;
-  int threads_per_worker = 0;     // 0: threads / (prefill + decode workers), at least 1
-  std::string metadata;           // empty: an HTTP metadata service in this process
-  bool spawn_workers = true;      // false for `tandem conductor`: workers run elsewhere
+  int threads_per_worker = 0;  // 0: threads / (prefill + decode workers), at least 1
+  std::string metadata;        // empty: an HTTP metadata service in this process
+  bool spawn_workers = true;   // false for `tandem conductor`: workers run elsewhere
   // The conductor's scheduling (conductor/policy/placement.h).
   std::string placement_policy = "cache-load";
   std::string admission = "predictive";
-  bool local_prefill = true;      // conditional disaggregation
-  double slo_ttft_ms = 0;         // 0: none (a request may set its own)
+  bool local_prefill = true;  // conditional disaggregation
+  double slo_ttft_ms = 0;     // 0: none (a request may set its own)
   double slo_tbt_ms = 0;
 };
 

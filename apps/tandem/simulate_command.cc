@@ -1,7 +1,6 @@
 #include "simulate_command.h"
 
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "sim/report.h"
@@ -12,77 +11,118 @@ namespace tandem::app {
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
   CLI::App* cmd = app.add_subcommand(
       "simulate", "Simulate a cluster scheduled by the conductor's policies (no engines run)");
-  cmd->add_option("--profile", f.profile, "Instance profile (JSON: a measured cost model or a "
-                  "roofline of a model on a node; see sim/profiles/)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--profile", f.profile,
+                  "Instance profile (JSON: a measured cost model or a "
+                  "roofline of a model on a node; see sim/profiles/)")
+      ->required()
+      ->check(CLI::ExistingFile);
   cmd->add_option("--trace", f.trace, "Mooncake trace (JSON lines); default: a synthetic load")
       ->check(CLI::ExistingFile);
   cmd->add_option("--start", f.start, "First trace line")->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-requests", f.max_requests, "Trace requests replayed (0: all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--speed", f.speed, "Replay arrivals this many times faster")
-      ->check(CLI::Range(1e-6, 1e6))->capture_default_str();
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
   cmd->add_option("--length-scale", f.length_scale, "Scale the trace's input and output lengths")
-      ->check(CLI::Range(1e-6, 1e3))->capture_default_str();
+      ->check(CLI::Range(1e-6, 1e3))
+      ->capture_default_str();
   cmd->add_option("--trace-block-tokens", f.trace_block_tokens, "Tokens per hash id in the trace")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--requests", f.requests, "Synthetic: number of requests")
-      ->check(CLI::Range(1, 100000000))->capture_default_str();
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
   cmd->add_option("--rate", f.rate, "Synthetic: requests per second (Poisson)")
-      ->check(CLI::Range(1e-6, 1e9))->capture_default_str();
+      ->check(CLI::Range(1e-6, 1e9))
+      ->capture_default_str();
   cmd->add_option("--input-tokens", f.input_tokens, "Synthetic: mean prompt length")
-      ->check(CLI::Range(1, 10000000))->capture_default_str();
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
   cmd->add_option("--output-tokens", f.output_tokens, "Synthetic: mean output length")
-      ->check(CLI::Range(1, 10000000))->capture_default_str();
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
   cmd->add_option("--range", f.range, "Synthetic: lengths uniform within +-range of the mean")
-      ->check(CLI::Range(0.0, 0.99))->capture_default_str();
-  cmd->add_option("--shared-prefix", f.shared_prefix, "Synthetic: share of a prompt that is one "
-                  "of --prefix-groups prefixes")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  cmd->add_option("--shared-prefix", f.shared_prefix,
+                  "Synthetic: share of a prompt that is one "
+                  "of --prefix-groups prefixes")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_option("--prefix-groups", f.prefix_groups, "Synthetic: distinct shared prefixes")
-      ->check(CLI::Range(1, 1000000))->capture_default_str();
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   cmd->add_option("--prefill", f.prefill, "Prefill instances (default 1, or 0 with --mixed)")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--decode", f.decode, "Decode instances (default 1, or 0 with --mixed)")
       ->check(CLI::Range(0, 100000));
-  cmd->add_option("--mixed", f.mixed, "Colocated instances (prefill and decode on one engine, "
-                  "chunked prefill)")->check(CLI::Range(0, 100000))->capture_default_str();
+  cmd->add_option("--mixed", f.mixed,
+                  "Colocated instances (prefill and decode on one engine, "
+                  "chunked prefill)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   cmd->add_option("--placement-policy", f.placement_policy,
                   "random, load-balance, cache-aware, or cache-load (minimum predicted TTFT)")
       ->check(CLI::IsMember({"random", "load-balance", "cache-aware", "cache-load"}))
       ->capture_default_str();
   cmd->add_option("--admission", f.admission, "none, early or predictive")
-      ->check(CLI::IsMember({"none", "early", "predictive"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "early", "predictive"}))
+      ->capture_default_str();
   cmd->add_flag("!--no-local-prefill", f.local_prefill, "No conditional disaggregation");
   cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "TTFT SLO (0: none)")
-      ->check(CLI::Range(0.0, 3.6e7))->capture_default_str();
+      ->check(CLI::Range(0.0, 3.6e7))
+      ->capture_default_str();
   cmd->add_option("--slo-tbt-ms", f.slo_tbt_ms, "TBT SLO (0: none)")
-      ->check(CLI::Range(0.0, 3.6e7))->capture_default_str();
+      ->check(CLI::Range(0.0, 3.6e7))
+      ->capture_default_str();
   cmd->add_option("--deadline-s", f.deadline_s, "Each request's deadline from its arrival")
-      ->check(CLI::Range(1e-3, 1e9))->capture_default_str();
-  cmd->add_option("--replace-interval-ms", f.replace_interval_ms, "Re-place held requests this "
-                  "often (0: placed once)")->check(CLI::Range(0.0, 1e9))->capture_default_str();
+      ->check(CLI::Range(1e-3, 1e9))
+      ->capture_default_str();
+  cmd->add_option("--replace-interval-ms", f.replace_interval_ms,
+                  "Re-place held requests this "
+                  "often (0: placed once)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
   cmd->add_option("--engine-noise", f.engine_noise, "Sigma of a log-normal factor on every step")
-      ->check(CLI::Range(0.0, 5.0))->capture_default_str();
-  cmd->add_option("--predicted-scale", f.predicted_scale, "The conductor's cost models are the "
-                  "engines' true ones times this")->check(CLI::Range(1e-3, 1e3))->capture_default_str();
-  cmd->add_option("--engine-scale", f.engine_scale, "The engines' step times are the profile's "
+      ->check(CLI::Range(0.0, 5.0))
+      ->capture_default_str();
+  cmd->add_option("--predicted-scale", f.predicted_scale,
+                  "The conductor's cost models are the "
+                  "engines' true ones times this")
+      ->check(CLI::Range(1e-3, 1e3))
+      ->capture_default_str();
+  cmd->add_option("--engine-scale", f.engine_scale,
+                  "The engines' step times are the profile's "
                   "times this (the conductor still predicts from the profile)")
-      ->check(CLI::Range(1e-3, 1e3))->capture_default_str();
-  cmd->add_option("--block-tokens", f.block_tokens, "KV block and prefix-key size (0: the trace's "
-                  "scaled block, or the profile's for a synthetic load)")->check(CLI::Range(0, 1 << 20));
+      ->check(CLI::Range(1e-3, 1e3))
+      ->capture_default_str();
+  cmd->add_option("--block-tokens", f.block_tokens,
+                  "KV block and prefix-key size (0: the trace's "
+                  "scaled block, or the profile's for a synthetic load)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-batch-tokens", f.max_batch_tokens, "Tokens per step (0: the profile's)")
       ->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--ttft-overhead-ms", f.ttft_overhead_ms, "Delay of every first token's delivery "
-                  "(default: the profile's)")->check(CLI::Range(0.0, 1e7));
-  cmd->add_option("--step-overhead-ms", f.step_overhead_ms, "Added to every decode step "
-                  "(default: the profile's)")->check(CLI::Range(0.0, 1e7));
-  cmd->add_option("--utilisation-interval-s", f.utilisation_interval_s, "Bucket of utilisation.json")
-      ->check(CLI::Range(1e-3, 1e6))->capture_default_str();
+  cmd->add_option("--ttft-overhead-ms", f.ttft_overhead_ms,
+                  "Delay of every first token's delivery "
+                  "(default: the profile's)")
+      ->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--step-overhead-ms", f.step_overhead_ms,
+                  "Added to every decode step "
+                  "(default: the profile's)")
+      ->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--utilisation-interval-s", f.utilisation_interval_s,
+                  "Bucket of utilisation.json")
+      ->check(CLI::Range(1e-3, 1e6))
+      ->capture_default_str();
   cmd->add_option("--seed", f.seed, "Random seed (random placement, engine noise, synthetic load)")
       ->capture_default_str();
-  cmd->add_option("--out", f.out, "Write results.json, summary.json, summary.md, utilisation.json here");
+  cmd->add_option("--out", f.out,
+                  "Write results.json, summary.json, summary.md, utilisation.json here");
   cmd->add_flag("--keep-gaps", f.keep_gaps, "Keep every request's token gaps in results.json");
   cmd->add_flag("--json", f.json, "Print the summary as JSON");
-  cmd->add_flag("--show-profile", f.show_profile, "Print the profile as the simulator uses it "
+  cmd->add_flag("--show-profile", f.show_profile,
+                "Print the profile as the simulator uses it "
                 "(a roofline's derived cost model, KV capacity, ...) and exit");
   return cmd;
 }
@@ -98,15 +138,19 @@ int RunSimulate(const SimulateFlags& flags) {
   }
   if (f.show_profile) {
     const sim::InstanceProfile& p = *profile;
-    const nlohmann::json j = {
-        {"description", p.description},
-        {"cost", nlohmann::json::parse(p.cost.ToJson())},
-        {"kv_capacity_tokens", p.kv_capacity_tokens}, {"block_tokens", p.block_tokens},
-        {"max_batch_tokens", p.max_batch_tokens}, {"max_num_seqs", p.max_num_seqs},
-        {"prefix_cache_tokens", p.prefix_cache_tokens},
-        {"kv_bytes_per_token", p.kv_bytes_per_token}, {"layers", p.layers},
-        {"link_bytes_per_s", p.link_bytes_per_s}, {"link_latency_s", p.link_latency_s},
-        {"ttft_overhead_s", p.ttft_overhead_s}, {"step_overhead_s", p.step_overhead_s}};
+    const nlohmann::json j = {{"description", p.description},
+                              {"cost", nlohmann::json::parse(p.cost.ToJson())},
+                              {"kv_capacity_tokens", p.kv_capacity_tokens},
+                              {"block_tokens", p.block_tokens},
+                              {"max_batch_tokens", p.max_batch_tokens},
+                              {"max_num_seqs", p.max_num_seqs},
+                              {"prefix_cache_tokens", p.prefix_cache_tokens},
+                              {"kv_bytes_per_token", p.kv_bytes_per_token},
+                              {"layers", p.layers},
+                              {"link_bytes_per_s", p.link_bytes_per_s},
+                              {"link_latency_s", p.link_latency_s},
+                              {"ttft_overhead_s", p.ttft_overhead_s},
+                              {"step_overhead_s", p.step_overhead_s}};
     std::printf("%s\n", j.dump(1).c_str());
     return 0;
   }
@@ -143,8 +187,8 @@ int RunSimulate(const SimulateFlags& flags) {
     s.block_tokens = o.profile.block_tokens;
     s.seed = f.seed;
     workload = sim::Synthetic(s);
-    workload_desc = "synthetic " + std::to_string(f.requests) + " requests at " +
-                    std::to_string(f.rate) + "/s";
+    workload_desc =
+        "synthetic " + std::to_string(f.requests) + " requests at " + std::to_string(f.rate) + "/s";
   }
   if (f.max_batch_tokens > 0) o.profile.max_batch_tokens = f.max_batch_tokens;
   if (f.ttft_overhead_ms >= 0) o.profile.ttft_overhead_s = f.ttft_overhead_ms / 1000.0;
@@ -172,7 +216,8 @@ int RunSimulate(const SimulateFlags& flags) {
   }
   const std::string cluster = f.mixed > 0 && f.prefill + f.decode == 0
                                   ? std::to_string(f.mixed) + " colocated"
-                                  : std::to_string(f.prefill) + "P+" + std::to_string(f.decode) + "D" +
+                                  : std::to_string(f.prefill) + "P+" + std::to_string(f.decode) +
+                                        "D" +
                                         (f.mixed > 0 ? "+" + std::to_string(f.mixed) + "M" : "");
   const nlohmann::json config = {
       {"label", cluster + " " + f.placement_policy + "/" + f.admission},
@@ -180,11 +225,17 @@ int RunSimulate(const SimulateFlags& flags) {
       {"simulated", true},
       {"profile", f.profile},
       {"workload_desc", workload_desc},
-      {"prefill", f.prefill}, {"decode", f.decode}, {"mixed", f.mixed},
-      {"placement_policy", f.placement_policy}, {"admission", f.admission},
-      {"local_prefill", f.local_prefill}, {"speed", f.speed},
-      {"block_tokens", o.profile.block_tokens}, {"max_batch_tokens", o.profile.max_batch_tokens},
-      {"kv_capacity_tokens", o.profile.kv_capacity_tokens}, {"seed", f.seed}};
+      {"prefill", f.prefill},
+      {"decode", f.decode},
+      {"mixed", f.mixed},
+      {"placement_policy", f.placement_policy},
+      {"admission", f.admission},
+      {"local_prefill", f.local_prefill},
+      {"speed", f.speed},
+      {"block_tokens", o.profile.block_tokens},
+      {"max_batch_tokens", o.profile.max_batch_tokens},
+      {"kv_capacity_tokens", o.profile.kv_capacity_tokens},
+      {"seed", f.seed}};
   const std::string summary = sim::SummaryJson(*result, o.slo_ttft_s, o.slo_tbt_s);
   if (!f.out.empty()) {
     const Status st = sim::WriteResults(f.out, *result, o.slo_ttft_s, o.slo_tbt_s, config.dump());
@@ -200,11 +251,12 @@ int RunSimulate(const SimulateFlags& flags) {
   const auto s = nlohmann::json::parse(summary);
   auto ms = [](const nlohmann::json& v) { return v.is_null() ? -1.0 : v.get<double>(); };
   std::printf("%s\n", config["description"].get<std::string>().c_str());
-  std::printf("requests %d: completed %d, rejected %d, timed out %d; SLO attainment %.1f%%, "
-              "goodput %.3f req/s\n",
-              s["requests"].get<int>(), s["completed"].get<int>(), s["rejected"].get<int>(),
-              s["timed_out"].get<int>(), 100 * s["slo_attainment"].get<double>(),
-              s["goodput_rps"].get<double>());
+  std::printf(
+      "requests %d: completed %d, rejected %d, timed out %d; SLO attainment %.1f%%, "
+      "goodput %.3f req/s\n",
+      s["requests"].get<int>(), s["completed"].get<int>(), s["rejected"].get<int>(),
+      s["timed_out"].get<int>(), 100 * s["slo_attainment"].get<double>(),
+      s["goodput_rps"].get<double>());
   for (const char* k : {"ttft_ms", "tbt_ms", "tpot_ms", "e2e_ms"}) {
     std::printf("%-8s mean %10.1f  p50 %10.1f  p90 %10.1f  p99 %10.1f\n", k, ms(s[k]["mean"]),
                 ms(s[k]["p50"]), ms(s[k]["p90"]), ms(s[k]["p99"]));

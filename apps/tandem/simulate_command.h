@@ -3,18 +3,17 @@
 // the format of `tandem bench serve`.
 #pragma once
 
-#include <string>
-
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace tandem::app {
 
 struct SimulateFlags {
-  std::string profile;               // instance profile file (sim/profile.h)
-  std::string trace;                 // Mooncake JSON-lines trace; empty: synthetic
+  std::string profile;  // instance profile file (sim/profile.h)
+  std::string trace;    // Mooncake JSON-lines trace; empty: synthetic
   int start = 0;
-  int max_requests = 0;              // 0: all
-  double speed = 1.0;                // arrivals this many times faster than the trace's
+  int max_requests = 0;  // 0: all
+  double speed = 1.0;    // arrivals this many times faster than the trace's
   double length_scale = 1.0;
   int trace_block_tokens = 512;
   // Synthetic load.
@@ -26,7 +25,7 @@ struct SimulateFlags {
   double shared_prefix = 0.0;
   int prefix_groups = 4;
   // Cluster and scheduling.
-  int prefill = -1;                  // -1: 1, or 0 with --mixed
+  int prefill = -1;  // -1: 1, or 0 with --mixed
   int decode = -1;
   int mixed = 0;
   std::string placement_policy = "cache-load";
@@ -39,16 +38,16 @@ struct SimulateFlags {
   double engine_noise = 0;
   double predicted_scale = 1.0;
   double engine_scale = 1.0;
-  int block_tokens = 0;              // 0: the trace's (scaled) block, else the profile's
-  int max_batch_tokens = 0;          // 0: the profile's
-  double ttft_overhead_ms = -1;      // < 0: the profile's
-  double step_overhead_ms = -1;      // < 0: the profile's
+  int block_tokens = 0;          // 0: the trace's (scaled) block, else the profile's
+  int max_batch_tokens = 0;      // 0: the profile's
+  double ttft_overhead_ms = -1;  // < 0: the profile's
+  double step_overhead_ms = -1;  // < 0: the profile's
   double utilisation_interval_s = 10;
   uint64_t seed = 1;
-  std::string out;                   // results directory
+  std::string out;  // results directory
   bool keep_gaps = false;
-  bool json = false;                 // print the summary as JSON
-  bool show_profile = false;         // print the profile as derived, and exit
+  bool json = false;          // print the summary as JSON
+  bool show_profile = false;  // print the profile as derived, and exit
 };
 
 CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& flags);

@@ -8,11 +8,11 @@
 #include <cstdio>
 #include <thread>
 
+#include "app_util.h"
 #include "cluster/calibration.h"
 #include "cluster/worker.h"
-#include "engine/engine.h"
 #include "common/logging.h"
-#include "app_util.h"
+#include "engine/engine.h"
 
 namespace tandem::app {
 
@@ -26,12 +26,16 @@ CLI::App* AddProfileCommand(CLI::App& app, ProfileFlags& f) {
   CLI::App* cmd = app.add_subcommand(
       "profile", "Measure an engine's cost model (prefill and decode step times) into a profile");
   AddModelFlag(cmd, f.model);
-  cmd->add_option("--threads", f.threads, "Engine threads")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--threads", f.threads, "Engine threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   AddBlockTokensFlag(cmd, f.block_tokens);
   AddMaxBatchTokensFlag(cmd, f.max_batch_tokens);
   cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity used while measuring")
-      ->check(CLI::Range(64, 1 << 26))->capture_default_str();
-  cmd->add_option("--out", f.out, "Profile file to write (default: where a worker with these "
+      ->check(CLI::Range(64, 1 << 26))
+      ->capture_default_str();
+  cmd->add_option("--out", f.out,
+                  "Profile file to write (default: where a worker with these "
                   "settings looks for it)");
   return cmd;
 }
@@ -103,7 +107,8 @@ int RunWorker(const WorkerFlags& f) {
 
   auto worker = cluster::Worker::Start(o);
   if (!worker.ok()) {
-    std::fprintf(stderr, "error: worker %s: %s\n", o.name.c_str(), worker.status().ToString().c_str());
+    std::fprintf(stderr, "error: worker %s: %s\n", o.name.c_str(),
+                 worker.status().ToString().c_str());
     return 1;
   }
   std::atomic<bool> exited{false};

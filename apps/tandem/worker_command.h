@@ -5,10 +5,9 @@
 // SIGTERM/SIGINT: unpublish, finish what is in flight (up to --drain-timeout-s), exit 0.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "worker_flags.h"
 
@@ -29,6 +28,5 @@ int RunProfile(const ProfileFlags& flags);
 
 CLI::App* AddWorkerCommand(CLI::App& app, WorkerFlags& flags);
 int RunWorker(const WorkerFlags& flags);
-
 
 }  // namespace tandem::app

@@ -45,12 +45,18 @@ void AddWorkerFlags(CLI::App* cmd, WorkerFlags& f) {
 }
 
 std::vector<std::string> WorkerArgv(const WorkerFlags& f) {
-  std::vector<std::string> argv = {"--role",    f.role,
-                                   "--metadata", f.metadata,
-                                   "--host",    f.host,
-                                   "--port",    std::to_string(f.port),
-                                   "--threads", std::to_string(f.threads),
-                                   "--kv-cache-tokens", std::to_string(f.kv_cache_tokens)};
+  std::vector<std::string> argv = {"--role",
+                                   f.role,
+                                   "--metadata",
+                                   f.metadata,
+                                   "--host",
+                                   f.host,
+                                   "--port",
+                                   std::to_string(f.port),
+                                   "--threads",
+                                   std::to_string(f.threads),
+                                   "--kv-cache-tokens",
+                                   std::to_string(f.kv_cache_tokens)};
   if (!f.name.empty()) argv.insert(argv.end(), {"--name", f.name});
   if (!f.model.empty()) argv.insert(argv.end(), {"--model", f.model});
   const std::vector<std::string> knobs = WorkerKnobArgs(f.knobs);

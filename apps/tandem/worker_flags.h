@@ -2,10 +2,9 @@
 // starts its workers with WorkerArgv, so each knob is spelled only where it is registered.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "common/status.h"
 #include "flags.h"
@@ -21,7 +20,7 @@ struct WorkerFlags {
   int port = 0;                    // 0: any free port
   int threads = 1;
   int kv_cache_tokens = 16384;
-  WorkerKnobs knobs;               // what `tandem serve` passes on unchanged
+  WorkerKnobs knobs;  // what `tandem serve` passes on unchanged
 
   bool operator==(const WorkerFlags&) const = default;
 };

@@ -50,8 +50,7 @@ TEST(WorkerFlagsTest, ProtocolListsAreChecked) {
   auto ok = ParseProtocolList("shm,tcp");
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->size(), 2u);
-  EXPECT_EQ(ParseProtocolList("shm,carrier-pigeon").status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseProtocolList("shm,carrier-pigeon").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseProtocolList("").status().code(), StatusCode::kInvalidArgument);
 }
 

@@ -116,8 +116,10 @@ StatusOr<conductor::CostModel> Calibrate(engine::Engine& e, const CalibrationOpt
     bool ok = true;
     for (int b = 0; b < batch && ok; ++b) {
       auto blocks = kv.Allocate(kv.BlocksFor(ctx + 1));
-      if (!blocks.ok()) ok = false;
-      else tables.push_back(std::move(*blocks));
+      if (!blocks.ok())
+        ok = false;
+      else
+        tables.push_back(std::move(*blocks));
     }
     std::vector<int32_t> next(batch);
     for (int b = 0; b < batch; ++b) next[b] = static_cast<int32_t>((b * 31 + 7) % vocab);
@@ -155,11 +157,11 @@ std::string DefaultProfilePath(const engine::Engine& e, const CalibrationOptions
   } else {
     return "";
   }
-  const std::string name =
-      std::filesystem::path(e.options().model_path).stem().string() + "-" +
-      std::to_string(e.model_bytes()) + "-t" + std::to_string(e.options().threads) + "-b" +
-      std::to_string(o.max_batch_tokens) + "-k" + std::to_string(e.options().block_tokens) +
-      "-" + CpuModelName();
+  const std::string name = std::filesystem::path(e.options().model_path).stem().string() + "-" +
+                           std::to_string(e.model_bytes()) + "-t" +
+                           std::to_string(e.options().threads) + "-b" +
+                           std::to_string(o.max_batch_tokens) + "-k" +
+                           std::to_string(e.options().block_tokens) + "-" + CpuModelName();
   return (dir / (Sanitize(name) + ".json")).string();
 }
 
@@ -187,7 +189,8 @@ StatusOr<conductor::CostModel> ReadProfile(const std::string& path) {
   text << in.rdbuf();
   auto m = conductor::CostModel::FromJson(text.str());
   if (!m.ok()) return m.status().WithContext(path);
-  if (!m->valid()) return InvalidArgument(path + ": the cost profile has no prefill or decode cost");
+  if (!m->valid())
+    return InvalidArgument(path + ": the cost profile has no prefill or decode cost");
   return m;
 }
 
@@ -213,9 +216,11 @@ StatusOr<conductor::CostModel> LoadOrCalibrate(engine::Engine& e, const std::str
   }
   const auto start = Clock::now();
   TANDEM_ASSIGN_OR_RETURN(conductor::CostModel m, Calibrate(e, o));
-  log->info("calibrated the cost model in {:.1f} s: prefill {:.3f} ms + {:.4f} ms/token, decode "
-            "step {:.2f} ms + {:.3f} ms/seq", SecondsSince(start), m.prefill_base_s * 1e3,
-            m.prefill_per_token_s * 1e3, m.decode_base_s * 1e3, m.decode_per_seq_s * 1e3);
+  log->info(
+      "calibrated the cost model in {:.1f} s: prefill {:.3f} ms + {:.4f} ms/token, decode "
+      "step {:.2f} ms + {:.3f} ms/seq",
+      SecondsSince(start), m.prefill_base_s * 1e3, m.prefill_per_token_s * 1e3,
+      m.decode_base_s * 1e3, m.decode_per_seq_s * 1e3);
   if (!path.empty()) {
     if (Status st = WriteProfile(m, path); !st.ok()) log->warn("{}", st.ToString());
   }

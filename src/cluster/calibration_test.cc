@@ -1,11 +1,10 @@
 #include "cluster/calibration.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
-
 
 namespace tandem::cluster {
 namespace {

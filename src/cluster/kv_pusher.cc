@@ -23,8 +23,7 @@ KvPusher::KvPusher(transfer::TransferEngine* te, engine::PagedKvCache* kv,
 
 KvPusher::~KvPusher() { WaitAll(); }
 
-Status KvPusher::CheckTarget(const engine::PagedKvCache& kv, const KvTarget& target,
-                             int n_prompt) {
+Status KvPusher::CheckTarget(const engine::PagedKvCache& kv, const KvTarget& target, int n_prompt) {
   const auto& shape = kv.shape();
   if (target.block_tokens != shape.block_tokens || target.n_layers != shape.n_layers ||
       target.layer_slice_bytes != kv.LayerSliceBytes()) {
@@ -85,8 +84,8 @@ void KvPusher::OnLayerWritten(int layer, std::span<const int32_t> blocks, int fi
 }
 
 void KvPusher::Submit(std::vector<TransferRequest> requests, const std::string& notification) {
-  auto batch = te_->SubmitBatch(requests, std::min(deadline_, Clock::now() + batch_timeout_),
-                                notification);
+  auto batch =
+      te_->SubmitBatch(requests, std::min(deadline_, Clock::now() + batch_timeout_), notification);
   if (!batch.ok()) {
     if (status_.ok()) status_ = batch.status().WithContext("KV transfer refused");
     failure_state_ = TransferState::kFailed;

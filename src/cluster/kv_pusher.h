@@ -60,10 +60,10 @@ class KvPusher : public serving::KvObserver {
   int n_prompt_;
   transfer::Clock::time_point deadline_;
   transfer::Clock::duration batch_timeout_;
-  std::vector<int> sent_upto_;                      // per layer: positions already submitted
-  std::vector<transfer::BatchId> batches_;          // submitted, not yet waited for
-  std::vector<transfer::TransferRequest> held_;     // last layer of the last chunk
-  Status status_;                                   // first error
+  std::vector<int> sent_upto_;                   // per layer: positions already submitted
+  std::vector<transfer::BatchId> batches_;       // submitted, not yet waited for
+  std::vector<transfer::TransferRequest> held_;  // last layer of the last chunk
+  Status status_;                                // first error
   transfer::TransferState failure_state_ = transfer::TransferState::kCompleted;
   uint64_t bytes_ = 0;
   double tail_seconds_ = 0;

@@ -3,11 +3,11 @@
 // notification arrives after the data, and the decode side continues to the colocated output.
 #include "cluster/kv_pusher.h"
 
+#include <gtest/gtest.h>
+
 #include <condition_variable>
 #include <future>
 #include <mutex>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
@@ -68,9 +68,9 @@ class Collector : public serving::GenerationSink {
 class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
  protected:
   void SetUp() override {
-    auto meta = transfer::OpenMetadataStore("embedded:kv-pusher-test-" +
-                                            std::string(transfer::ProtocolName(GetParam())) + "-" +
-                                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    auto meta = transfer::OpenMetadataStore(
+        "embedded:kv-pusher-test-" + std::string(transfer::ProtocolName(GetParam())) + "-" +
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_TRUE(meta.ok());
     auto make_te = [&](const std::string& name) {
       transfer::TransferEngineOptions o;
@@ -122,11 +122,17 @@ class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
   std::vector<int32_t> HandOff(const serving::GenerationRequest& req, std::vector<int32_t> blocks,
                                int skip_blocks, uint64_t* bytes) {
     const int n_prompt = static_cast<int>(req.prompt_tokens.size());
-    KvTarget target{"decode/kv", std::move(blocks), 16, decode_engine->config().n_layers,
-                    decode_engine->kv().LayerSliceBytes(), "decode", skip_blocks};
+    KvTarget target{"decode/kv",
+                    std::move(blocks),
+                    16,
+                    decode_engine->config().n_layers,
+                    decode_engine->kv().LayerSliceBytes(),
+                    "decode",
+                    skip_blocks};
     EXPECT_TRUE(KvPusher::CheckTarget(prefill_engine->kv(), target, n_prompt).ok());
-    auto pusher = std::make_shared<KvPusher>(prefill_te.get(), &prefill_engine->kv(), segment,
-                                             target, n_prompt, Clock::now() + std::chrono::seconds(30));
+    auto pusher =
+        std::make_shared<KvPusher>(prefill_te.get(), &prefill_engine->kv(), segment, target,
+                                   n_prompt, Clock::now() + std::chrono::seconds(30));
     auto first = req;
     first.max_tokens = 1;
     auto prefill_sink = std::make_shared<Collector>(pusher, req.id);
@@ -175,12 +181,14 @@ TEST_P(KvPusherTest, PushedKvContinuesToTheColocatedOutput) {
   const auto req = Request("req-1", LongText());
   const int n_prompt = static_cast<int>(req.prompt_tokens.size());
   ASSERT_GT(n_prompt, 80);  // several 40-token prefill chunks, several blocks
-  auto blocks = decode->ReserveBlocks(req.id, n_prompt + 1, Clock::now() + std::chrono::seconds(60));
+  auto blocks =
+      decode->ReserveBlocks(req.id, n_prompt + 1, Clock::now() + std::chrono::seconds(60));
   ASSERT_TRUE(blocks.ok());
   uint64_t bytes = 0;
   HandOff(req, *blocks, 0, &bytes);
   // Every layer of every prompt block went over, some blocks twice (chunk boundaries).
-  const uint64_t slices = static_cast<uint64_t>((n_prompt + 15) / 16) * decode_engine->config().n_layers;
+  const uint64_t slices =
+      static_cast<uint64_t>((n_prompt + 15) / 16) * decode_engine->config().n_layers;
   EXPECT_GE(bytes, slices * decode_engine->kv().LayerSliceBytes());
 }
 
@@ -218,7 +226,9 @@ TEST_P(KvPusherTest, OnlyTheBlocksTheDecodeSideLacksAreSent) {
 
 INSTANTIATE_TEST_SUITE_P(Protocols, KvPusherTest,
                          ::testing::Values(transfer::Protocol::kShm, transfer::Protocol::kTcp),
-                         [](const auto& info) { return std::string(transfer::ProtocolName(info.param)); });
+                         [](const auto& info) {
+                           return std::string(transfer::ProtocolName(info.param));
+                         });
 
 TEST(KvPusherCheckTest, MismatchedGeometryAndShortReservationsAreRefused) {
   auto e = LoadOn(nullptr, "");

@@ -20,8 +20,11 @@ StatusOr<T> Parse(const std::string& text, const char* what, Fn fn) {
 }
 
 json SamplingJson(const engine::SamplingParams& s) {
-  return {{"temperature", s.temperature}, {"top_k", s.top_k}, {"top_p", s.top_p},
-          {"min_p", s.min_p}, {"seed", s.seed}};
+  return {{"temperature", s.temperature},
+          {"top_k", s.top_k},
+          {"top_p", s.top_p},
+          {"min_p", s.min_p},
+          {"seed", s.seed}};
 }
 
 engine::SamplingParams SamplingFrom(const json& j) {
@@ -35,9 +38,13 @@ engine::SamplingParams SamplingFrom(const json& j) {
 }
 
 json TargetJson(const KvTarget& t) {
-  return {{"segment", t.segment}, {"blocks", t.blocks}, {"block_tokens", t.block_tokens},
-          {"n_layers", t.n_layers}, {"layer_slice_bytes", t.layer_slice_bytes},
-          {"decode_worker", t.decode_worker}, {"skip_blocks", t.skip_blocks}};
+  return {{"segment", t.segment},
+          {"blocks", t.blocks},
+          {"block_tokens", t.block_tokens},
+          {"n_layers", t.n_layers},
+          {"layer_slice_bytes", t.layer_slice_bytes},
+          {"decode_worker", t.decode_worker},
+          {"skip_blocks", t.skip_blocks}};
 }
 
 KvTarget TargetFrom(const json& j) {
@@ -60,11 +67,16 @@ StatusCode CodeFromName(const std::string& name) {
 }
 
 json StatsJson(const serving::BackendStats& s) {
-  return {{"running", s.running}, {"waiting", s.waiting}, {"kv_blocks_total", s.kv_blocks_total},
-          {"kv_blocks_used", s.kv_blocks_used}, {"kv_blocks_cached", s.kv_blocks_cached},
+  return {{"running", s.running},
+          {"waiting", s.waiting},
+          {"kv_blocks_total", s.kv_blocks_total},
+          {"kv_blocks_used", s.kv_blocks_used},
+          {"kv_blocks_cached", s.kv_blocks_cached},
           {"prefix_cache_hit_tokens", s.prefix_cache_hit_tokens},
-          {"prompt_tokens", s.prompt_tokens}, {"generated_tokens", s.generated_tokens},
-          {"preemptions", s.preemptions}, {"reserved_blocks", s.reserved_blocks},
+          {"prompt_tokens", s.prompt_tokens},
+          {"generated_tokens", s.generated_tokens},
+          {"preemptions", s.preemptions},
+          {"reserved_blocks", s.reserved_blocks},
           {"reservations_expired", s.reservations_expired}};
 }
 
@@ -112,11 +124,20 @@ StatusOr<Role> ParseRole(const std::string& s) {
 }
 
 std::string WorkerInfo::ToJson() const {
-  return json{{"name", name}, {"role", RoleName(role)}, {"host", host}, {"port", port},
-              {"pid", pid}, {"kv_segment", kv_segment}, {"block_tokens", block_tokens},
-              {"n_layers", n_layers}, {"layer_slice_bytes", layer_slice_bytes},
-              {"kv_blocks", kv_blocks}, {"model", model}, {"incarnation", incarnation},
-              {"max_batch_tokens", max_batch_tokens}, {"cost", json::parse(cost.ToJson())}}
+  return json{{"name", name},
+              {"role", RoleName(role)},
+              {"host", host},
+              {"port", port},
+              {"pid", pid},
+              {"kv_segment", kv_segment},
+              {"block_tokens", block_tokens},
+              {"n_layers", n_layers},
+              {"layer_slice_bytes", layer_slice_bytes},
+              {"kv_blocks", kv_blocks},
+              {"model", model},
+              {"incarnation", incarnation},
+              {"max_batch_tokens", max_batch_tokens},
+              {"cost", json::parse(cost.ToJson())}}
       .dump();
 }
 
@@ -148,9 +169,9 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
 }
 
 std::string WorkerStats::ToJson() const {
-  return json{{"backend", StatsJson(backend)}, {"kv_bytes_pushed", kv_bytes_pushed},
+  return json{{"backend", StatsJson(backend)},          {"kv_bytes_pushed", kv_bytes_pushed},
               {"transfer_failures", transfer_failures}, {"transfer_timeouts", transfer_timeouts},
-              {"kv_wait_timeouts", kv_wait_timeouts}, {"cached_block_keys", cached_block_keys}}
+              {"kv_wait_timeouts", kv_wait_timeouts},   {"cached_block_keys", cached_block_keys}}
       .dump();
 }
 
@@ -170,9 +191,14 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
 }
 
 std::string DecodeCall::ToJson() const {
-  return json{{"id", id}, {"prompt_tokens", prompt_tokens}, {"max_tokens", max_tokens},
-              {"ignore_eos", ignore_eos}, {"sampling", SamplingJson(sampling)},
-              {"timeout_ms", timeout_ms}, {"kv_wait_ms", kv_wait_ms}, {"local", local},
+  return json{{"id", id},
+              {"prompt_tokens", prompt_tokens},
+              {"max_tokens", max_tokens},
+              {"ignore_eos", ignore_eos},
+              {"sampling", SamplingJson(sampling)},
+              {"timeout_ms", timeout_ms},
+              {"kv_wait_ms", kv_wait_ms},
+              {"local", local},
               {"reuse_prefix", reuse_prefix}}
       .dump();
 }
@@ -198,8 +224,11 @@ StatusOr<DecodeCall> DecodeCall::FromJson(const std::string& text) {
 }
 
 std::string PrefillCall::ToJson() const {
-  return json{{"id", id}, {"prompt_tokens", prompt_tokens}, {"sampling", SamplingJson(sampling)},
-              {"timeout_ms", timeout_ms}, {"target", TargetJson(target)}}
+  return json{{"id", id},
+              {"prompt_tokens", prompt_tokens},
+              {"sampling", SamplingJson(sampling)},
+              {"timeout_ms", timeout_ms},
+              {"target", TargetJson(target)}}
       .dump();
 }
 
@@ -218,8 +247,8 @@ StatusOr<PrefillCall> PrefillCall::FromJson(const std::string& text) {
 }
 
 std::string PrefillResult::ToJson() const {
-  return json{{"first_token", first_token}, {"cached_tokens", cached_tokens},
-              {"queue_seconds", queue_seconds}, {"prefill_seconds", prefill_seconds},
+  return json{{"first_token", first_token},           {"cached_tokens", cached_tokens},
+              {"queue_seconds", queue_seconds},       {"prefill_seconds", prefill_seconds},
               {"transfer_seconds", transfer_seconds}, {"kv_bytes", kv_bytes}}
       .dump();
 }
@@ -240,12 +269,8 @@ StatusOr<PrefillResult> PrefillResult::FromJson(const std::string& text) {
 std::string DecodeEvent::ToJson() const {
   json j;
   switch (kind) {
-    case Kind::kReserved:
-      j = {{"event", "reserved"}, {"target", TargetJson(reserved)}};
-      break;
-    case Kind::kToken:
-      j = {{"event", "token"}, {"token", token}};
-      break;
+    case Kind::kReserved: j = {{"event", "reserved"}, {"target", TargetJson(reserved)}}; break;
+    case Kind::kToken: j = {{"event", "token"}, {"token", token}}; break;
     case Kind::kFinish:
       j = {{"event", "finish"},
            {"reason", serving::FinishReasonName(finish.reason)},
@@ -259,7 +284,8 @@ std::string DecodeEvent::ToJson() const {
            {"first_decode_seconds", finish.first_decode_seconds}};
       break;
     case Kind::kError:
-      j = {{"event", "error"}, {"code", StatusCodeName(error.code())}, {"message", error.message()}};
+      j = {
+          {"event", "error"}, {"code", StatusCodeName(error.code())}, {"message", error.message()}};
       break;
   }
   return j.dump();

@@ -36,20 +36,20 @@ inline constexpr const char* kWorkersPrefix = "tandem/workers/";
 
 // Published by each worker. The KV geometry lets peers check they agree before moving blocks.
 struct WorkerInfo {
-  std::string name;          // unique in the cluster, e.g. "decode-0"
+  std::string name;  // unique in the cluster, e.g. "decode-0"
   Role role = Role::kMixed;
-  std::string host;          // control endpoint
+  std::string host;  // control endpoint
   int port = 0;
   int pid = 0;
-  std::string kv_segment;    // transfer-engine segment holding the KV pool
+  std::string kv_segment;  // transfer-engine segment holding the KV pool
   int block_tokens = 0;
   int n_layers = 0;
   uint64_t layer_slice_bytes = 0;
   int kv_blocks = 0;
-  std::string model;         // file name of the model, to refuse mismatched pairs
-  int64_t incarnation = 0;   // start time (ms since epoch): a restarted worker differs
-  int max_batch_tokens = 256;        // tokens per forward step (chunk of a local prefill)
-  conductor::CostModel cost;         // fitted at start or loaded; invalid: none
+  std::string model;           // file name of the model, to refuse mismatched pairs
+  int64_t incarnation = 0;     // start time (ms since epoch): a restarted worker differs
+  int max_batch_tokens = 256;  // tokens per forward step (chunk of a local prefill)
+  conductor::CostModel cost;   // fitted at start or loaded; invalid: none
 
   std::string ToJson() const;
   static StatusOr<WorkerInfo> FromJson(const std::string& json);
@@ -57,10 +57,10 @@ struct WorkerInfo {
 
 struct WorkerStats {
   serving::BackendStats backend;
-  uint64_t kv_bytes_pushed = 0;      // prefill side: KV written to decode workers
-  uint64_t transfer_failures = 0;    // batches that failed
-  uint64_t transfer_timeouts = 0;    // batches that timed out
-  uint64_t kv_wait_timeouts = 0;     // decode side: reservations whose KV never came
+  uint64_t kv_bytes_pushed = 0;    // prefill side: KV written to decode workers
+  uint64_t transfer_failures = 0;  // batches that failed
+  uint64_t transfer_timeouts = 0;  // batches that timed out
+  uint64_t kv_wait_timeouts = 0;   // decode side: reservations whose KV never came
   // Keys (serving/block_keys.h) of the KV blocks in the worker's prefix cache, in no order:
   // the conductor's view of what each worker holds (cache-aware placement).
   std::vector<uint64_t> cached_block_keys;
@@ -71,14 +71,14 @@ struct WorkerStats {
 
 // Where the prefill worker writes a request's KV.
 struct KvTarget {
-  std::string segment;               // the decode worker's KV segment
-  std::vector<int32_t> blocks;       // reserved blocks, position order
+  std::string segment;          // the decode worker's KV segment
+  std::vector<int32_t> blocks;  // reserved blocks, position order
   int block_tokens = 0;
   int n_layers = 0;
   uint64_t layer_slice_bytes = 0;
-  std::string decode_worker;         // for logs and notifications
-  int skip_blocks = 0;               // the first skip_blocks hold the prompt's prefix already
-                                     // (the decode side's prefix cache): not to be written
+  std::string decode_worker;  // for logs and notifications
+  int skip_blocks = 0;        // the first skip_blocks hold the prompt's prefix already
+                              // (the decode side's prefix cache): not to be written
 };
 
 struct DecodeCall {
@@ -87,10 +87,10 @@ struct DecodeCall {
   int max_tokens = 16;
   bool ignore_eos = false;
   engine::SamplingParams sampling;
-  int64_t timeout_ms = 600000;       // the request's remaining time
-  int64_t kv_wait_ms = 60000;        // how long the reservation waits for its KV
-  bool reuse_prefix = true;          // reserve only the blocks the decode side's cache lacks
-  bool local = false;                // compute the prompt here (no prefill worker)
+  int64_t timeout_ms = 600000;  // the request's remaining time
+  int64_t kv_wait_ms = 60000;   // how long the reservation waits for its KV
+  bool reuse_prefix = true;     // reserve only the blocks the decode side's cache lacks
+  bool local = false;           // compute the prompt here (no prefill worker)
 
   std::string ToJson() const;
   static StatusOr<DecodeCall> FromJson(const std::string& json);
@@ -111,8 +111,8 @@ struct PrefillResult {
   int32_t first_token = -1;
   int cached_tokens = 0;
   double queue_seconds = 0;
-  double prefill_seconds = 0;        // first scheduled -> last layer computed
-  double transfer_seconds = 0;       // KV still moving after that
+  double prefill_seconds = 0;   // first scheduled -> last layer computed
+  double transfer_seconds = 0;  // KV still moving after that
   uint64_t kv_bytes = 0;
 
   std::string ToJson() const;
@@ -123,12 +123,12 @@ struct PrefillResult {
 struct DecodeEvent {
   enum class Kind { kReserved, kToken, kFinish, kError };
   Kind kind = Kind::kToken;
-  KvTarget reserved;                 // kReserved
-  int32_t token = -1;                // kToken
-  serving::FinishInfo finish;        // kFinish (reason, counts, first_decode_seconds)
-  Status error;                      // kError
+  KvTarget reserved;           // kReserved
+  int32_t token = -1;          // kToken
+  serving::FinishInfo finish;  // kFinish (reason, counts, first_decode_seconds)
+  Status error;                // kError
 
-  std::string ToJson() const;        // one line, no newline
+  std::string ToJson() const;  // one line, no newline
   static StatusOr<DecodeEvent> FromJson(const std::string& json);
 };
 

@@ -1,5 +1,6 @@
 #include "cluster/worker.h"
 
+#include <httplib.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -7,18 +8,16 @@
 #include <filesystem>
 #include <future>
 #include <map>
-#include <thread>
-
-#include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cluster/calibration.h"
 #include "cluster/kv_pusher.h"
+#include "common/http.h"
+#include "common/http_status.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "engine/engine.h"
-#include "common/http_status.h"
-#include "common/http.h"
 #include "serving/local_backend.h"
 
 namespace tandem::cluster {
@@ -172,7 +171,8 @@ class WorkerImpl final : public Worker {
     te_->SetNotificationHandler([this](const transfer::Notification& n) { OnNotification(n); });
 
     const int64_t incarnation = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch()).count();
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
     segment_name_ = o.name + "." + std::to_string(incarnation) + "/kv";
     engine::EngineOptions eo = o.engine;
     eo.kv_memory = [this](size_t bytes) -> StatusOr<uint8_t*> {
@@ -212,8 +212,8 @@ class WorkerImpl final : public Worker {
     settings.keep_alive_max_count = 1000;
     settings.read_timeout_s = 600;  // a decode request's stream is read for its whole life
     settings.write_timeout_s = 30;
-    TANDEM_ASSIGN_OR_RETURN(port_, BindHttpServer(http_, o.host, o.port, settings,
-                                                  "the worker's control endpoint"));
+    TANDEM_ASSIGN_OR_RETURN(
+        port_, BindHttpServer(http_, o.host, o.port, settings, "the worker's control endpoint"));
     info_.port = port_;
     handoff_thread_ = std::thread([this] { HandoffLoop(); });
     TANDEM_RETURN_IF_ERROR(metadata_->Put(std::string(kWorkersPrefix) + o.name, info_.ToJson()));
@@ -388,10 +388,10 @@ class WorkerImpl final : public Worker {
       auto got = call->reuse_prefix
                      ? backend_->ReservePrompt(g.id, g.prompt_tokens, n_prompt + 1, kv_deadline)
                      : [&]() -> StatusOr<serving::LocalBackend::Reserved> {
-                         TANDEM_ASSIGN_OR_RETURN(auto blocks,
-                                                 backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline));
-                         return serving::LocalBackend::Reserved{std::move(blocks), 0};
-                       }();
+        TANDEM_ASSIGN_OR_RETURN(auto blocks,
+                                backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline));
+        return serving::LocalBackend::Reserved{std::move(blocks), 0};
+      }();
       if (!got.ok()) return ReplyError(res, got.status());
       DecodeEvent reserved;
       reserved.kind = DecodeEvent::Kind::kReserved;
@@ -548,7 +548,7 @@ class WorkerImpl final : public Worker {
   CondVar handoff_cv_;
   std::deque<std::string> handoffs_ TANDEM_GUARDED_BY(handoff_mu_);
   std::atomic<bool> handoff_stop_{false};  // set under handoff_mu_ (by the destructor)
-  std::thread handoff_thread_;  // started by Init(), joined by the destructor
+  std::thread handoff_thread_;             // started by Init(), joined by the destructor
 
   // Counters: lock-free.
   std::atomic<uint64_t> kv_bytes_pushed_{0};

@@ -30,15 +30,15 @@ inline engine::EngineOptions WorkerEngineDefaults() {
 // What a worker is made of: its engine and scheduler (their own options, embedded as they are,
 // so a knob of either is defined in one place) and the worker's own settings.
 struct WorkerOptions {
-  std::string name;                  // unique in the cluster
+  std::string name;  // unique in the cluster
   Role role = Role::kMixed;
   // model_path, threads, block_tokens, kv_capacity_tokens (the worker sets kv_memory: its KV
   // lives in a transfer-engine segment).
   engine::EngineOptions engine = WorkerEngineDefaults();
   serving::SchedulerOptions scheduler;
-  std::string host = "127.0.0.1";    // control endpoint (and advertised address)
-  int port = 0;                      // 0: any free port
-  std::string metadata_uri;          // "http://...", "etcd://..."
+  std::string host = "127.0.0.1";  // control endpoint (and advertised address)
+  int port = 0;                    // 0: any free port
+  std::string metadata_uri;        // "http://...", "etcd://..."
   std::vector<transfer::Protocol> protocols = {transfer::Protocol::kShm, transfer::Protocol::kTcp};
   int http_threads = 256;
   // A KV push batch that has not landed this long after it was submitted fails (counted in

@@ -32,13 +32,13 @@ struct CheckVoidify {
 
 }  // namespace tandem::internal
 
-#define TANDEM_CHECK(condition)                 \
-  (condition) ? (void)0                         \
+#define TANDEM_CHECK(condition)                      \
+  (condition) ? (void)0                              \
               : ::tandem::internal::CheckVoidify() & \
                     ::tandem::internal::CheckFailure(__FILE__, __LINE__, #condition).stream()
 
-#define TANDEM_CHECK_OK(expr)                                                              \
-  do {                                                                                     \
-    const ::tandem::Status _tandem_check_st = (expr);                                      \
+#define TANDEM_CHECK_OK(expr)                                                            \
+  do {                                                                                   \
+    const ::tandem::Status _tandem_check_st = (expr);                                    \
     TANDEM_CHECK(_tandem_check_st.ok()) << #expr << ": " << _tandem_check_st.ToString(); \
   } while (0)

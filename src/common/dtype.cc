@@ -1,8 +1,8 @@
 #include "common/dtype.h"
 
-#include "common/check.h"
-
 #include <cstdlib>
+
+#include "common/check.h"
 
 namespace tandem {
 

@@ -40,9 +40,9 @@ inline uint16_t Fp32ToFp16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
   const uint32_t abs = x & 0x7fffffff;
-  if (abs > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);  // NaN
+  if (abs > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);   // NaN
   if (abs >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow -> inf
-  if (abs < 0x38800000) {  // subnormal or zero in half
+  if (abs < 0x38800000) {                                              // subnormal or zero in half
     if (abs < 0x33000000) return static_cast<uint16_t>(sign);
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffff) | 0x800000;

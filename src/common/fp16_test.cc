@@ -1,9 +1,9 @@
 #include "common/fp16.h"
 
-#include <cmath>
-
 #include <gtest/gtest.h>
 #include <immintrin.h>
+
+#include <cmath>
 
 namespace tandem {
 namespace {

@@ -36,11 +36,10 @@ StatusOr<int> BindHttpServer(httplib::Server& server, const std::string& host, i
 void SetHttpClientDeadline(httplib::Client& c, std::chrono::steady_clock::time_point deadline,
                            std::chrono::milliseconds connect_cap,
                            std::chrono::milliseconds write_cap) {
-  const int64_t left = std::clamp<int64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now())
-          .count(),
-      1, 24LL * 3600 * 1000);
+  const int64_t left = std::clamp<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               deadline - std::chrono::steady_clock::now())
+                                               .count(),
+                                           1, 24LL * 3600 * 1000);
   using std::chrono::milliseconds;
   c.set_connection_timeout(milliseconds(std::min<int64_t>(left, connect_cap.count())));
   c.set_read_timeout(milliseconds(left));

@@ -3,10 +3,10 @@
 // service) so that each gets the same socket options, backlog fix and timeouts.
 #pragma once
 
+#include <httplib.h>
+
 #include <chrono>
 #include <string>
-
-#include <httplib.h>
 
 #include "common/status.h"
 
@@ -14,11 +14,11 @@ namespace tandem {
 
 // httplib's defaults unless a server says otherwise.
 struct HttpServerSettings {
-  int threads = 16;               // connections served at once (the rest wait in the backlog)
-  int read_timeout_s = 5;         // a request not fully read by then is dropped
-  int write_timeout_s = 5;        // a response not written by then is dropped
-  int keep_alive_timeout_s = 5;   // an idle keep-alive connection is closed after this
-  int keep_alive_max_count = 5;   // requests per connection
+  int threads = 16;              // connections served at once (the rest wait in the backlog)
+  int read_timeout_s = 5;        // a request not fully read by then is dropped
+  int write_timeout_s = 5;       // a response not written by then is dropped
+  int keep_alive_timeout_s = 5;  // an idle keep-alive connection is closed after this
+  int keep_alive_max_count = 5;  // requests per connection
 };
 
 // Applies `settings`, sets SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, which would

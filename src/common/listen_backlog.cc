@@ -34,7 +34,8 @@ void WidenListenBacklog(int port) {
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
     int bound = -1;
     if (addr.ss_family == AF_INET) bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-    if (addr.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (addr.ss_family == AF_INET6)
+      bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
     if (bound == port) ::listen(fd, SOMAXCONN);
   }
 }

@@ -2,10 +2,10 @@
 // Logs go to stderr so that stdout stays for program output.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <memory>
 #include <string>
-
-#include <spdlog/spdlog.h>
 
 namespace tandem {
 

@@ -52,14 +52,22 @@ class [[nodiscard]] Status {
 };
 
 inline Status OkStatus() { return Status(); }
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
-inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
-inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status FailedPrecondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
@@ -76,16 +84,25 @@ Status OkStatusWithoutValue();
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(const Status& status) : status_(status) { Guard(); }  // NOLINT
+  StatusOr(const Status& status) : status_(status) { Guard(); }        // NOLINT
   StatusOr(Status&& status) : status_(std::move(status)) { Guard(); }  // NOLINT
-  StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
-  StatusOr(const T& value) : value_(value) {}  // NOLINT
+  StatusOr(T&& value) : value_(std::move(value)) {}                    // NOLINT
+  StatusOr(const T& value) : value_(value) {}                          // NOLINT
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { Check(); return *value_; }
-  const T& value() const& { Check(); return *value_; }
-  T&& value() && { Check(); return std::move(*value_); }
+  T& value() & {
+    Check();
+    return *value_;
+  }
+  const T& value() const& {
+    Check();
+    return *value_;
+  }
+  T&& value() && {
+    Check();
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -109,10 +126,10 @@ class [[nodiscard]] StatusOr {
 #define TANDEM_CONCAT_INNER(a, b) a##b
 #define TANDEM_CONCAT(a, b) TANDEM_CONCAT_INNER(a, b)
 
-#define TANDEM_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::tandem::Status _tandem_st = (expr);         \
-    if (!_tandem_st.ok()) return _tandem_st;      \
+#define TANDEM_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::tandem::Status _tandem_st = (expr);    \
+    if (!_tandem_st.ok()) return _tandem_st; \
   } while (0)
 
 #define TANDEM_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -1,8 +1,8 @@
 #include "common/status.h"
 
-#include "common/check.h"
-
 #include <gtest/gtest.h>
+
+#include "common/check.h"
 
 namespace tandem {
 namespace {

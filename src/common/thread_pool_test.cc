@@ -1,9 +1,9 @@
 #include "common/thread_pool.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace tandem {
 namespace {
@@ -14,10 +14,13 @@ TEST(ThreadPoolTest, CoversEveryIndexOnce) {
     for (int64_t n : {0, 1, 7, 64, 1000}) {
       for (int64_t grain : {1, 4, 32}) {
         std::vector<std::atomic<int>> hits(n);
-        pool.ParallelFor(n, [&](int64_t b, int64_t e, int t) {
-          EXPECT_LT(t, threads);
-          for (int64_t i = b; i < e; ++i) hits[i]++;
-        }, grain);
+        pool.ParallelFor(
+            n,
+            [&](int64_t b, int64_t e, int t) {
+              EXPECT_LT(t, threads);
+              for (int64_t i = b; i < e; ++i) hits[i]++;
+            },
+            grain);
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << n << " " << grain;
       }
     }

@@ -134,8 +134,8 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, Clock::t
     s.kv_free_blocks = FreeBlocks(w);
     // The longest prefix of the prompt the worker holds (whole blocks, leaving one token).
     if (r.block_tokens == s.block_tokens && r.prompt_tokens > 1) {
-      const size_t max_blocks =
-          std::min<size_t>(r.keys.size(), static_cast<size_t>((r.prompt_tokens - 1) / s.block_tokens));
+      const size_t max_blocks = std::min<size_t>(
+          r.keys.size(), static_cast<size_t>((r.prompt_tokens - 1) / s.block_tokens));
       auto held = [&](uint64_t key) {
         if (w.reported_keys.count(key)) return true;
         const auto it = w.placed_keys.find(key);
@@ -239,7 +239,8 @@ void ClusterView::DecodeMeasured(const std::string& decode, double predicted_tbt
                                  double measured_tbt_s) {
   Worker* d = Find(decode);
   if (d == nullptr || predicted_tbt_s <= 0 || measured_tbt_s <= 0) return;
-  d->decode_scale = UpdateScale(d->decode_scale, measured_tbt_s / (predicted_tbt_s / d->decode_scale));
+  d->decode_scale =
+      UpdateScale(d->decode_scale, measured_tbt_s / (predicted_tbt_s / d->decode_scale));
 }
 
 void ClusterView::TokenEmitted(uint64_t seq, const std::string& decode) {

@@ -28,11 +28,11 @@ inline constexpr double kDispatchAheadS = 0.25;
 
 // What one request asks of the cluster, as the view accounts it.
 struct RequestLoad {
-  uint64_t seq = 0;                // unique per request
+  uint64_t seq = 0;  // unique per request
   int prompt_tokens = 0;
   int max_tokens = 0;
-  std::vector<uint64_t> keys;      // block keys of the prompt (block_tokens of the workers)
-  int block_tokens = 0;            // of `keys`
+  std::vector<uint64_t> keys;  // block keys of the prompt (block_tokens of the workers)
+  int block_tokens = 0;        // of `keys`
 };
 
 class ClusterView {
@@ -64,8 +64,8 @@ class ClusterView {
     struct DecodeJob {
       int64_t prompt_tokens = 0;
       int emitted = 0;
-      int expected_tokens = 1;     // predicted length of its output
-      double tbt_s = 0;            // predicted at placement
+      int expected_tokens = 1;  // predicted length of its output
+      double tbt_s = 0;         // predicted at placement
       Clock::time_point joins_at{};
       bool joined = false;
     };
@@ -75,7 +75,7 @@ class ClusterView {
       Clock::time_point confirmed = Clock::time_point::max();  // reservation made at
     };
     std::map<uint64_t, Promise> promises;  // KV blocks placed, not yet seen in its /stats
-    double kv_transfer_s = 0.002;  // moving average of the measured KV push tail
+    double kv_transfer_s = 0.002;          // moving average of the measured KV push tail
     // Moving averages of measured / predicted, applied to its cost model's predictions: the
     // profile was measured alone, the worker may share its cores now.
     double prefill_scale = 1.0;
@@ -88,8 +88,9 @@ class ClusterView {
 
   // A /stats answer (or failure) for the worker `info` from a probe started at `probe_start`.
   // Returns a log line when the worker joined, rejoined or went silent (empty otherwise).
-  std::string ApplyProbe(const cluster::WorkerInfo& info, const StatusOr<cluster::WorkerStats>& stats,
-                         Clock::time_point probe_start, Clock::duration worker_timeout);
+  std::string ApplyProbe(const cluster::WorkerInfo& info,
+                         const StatusOr<cluster::WorkerStats>& stats, Clock::time_point probe_start,
+                         Clock::duration worker_timeout);
   // Forgets placed prompt keys older than their lifetime on `w` (a probe does this; so does
   // the simulator, which has no probes).
   static void ExpirePlacedKeys(Worker* w, Clock::time_point now);

@@ -6,8 +6,8 @@ namespace tandem::conductor {
 namespace {
 
 Clock::time_point At(double s) {
-  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(1000.0 + s)));
+  return Clock::time_point(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1000.0 + s)));
 }
 
 // A prefill worker runs its jobs in order: a job sent while an earlier one runs starts when
@@ -33,7 +33,6 @@ TEST(ClusterView, QueueDrainsFromTheEndOfThePreviousPrefill) {
   view.PrefillDone(b, "p", "d", 0.0, At(2.0));
   EXPECT_NEAR(ClusterView::QueueSeconds(w, At(2.0)), 0.0, 1e-9);
 }
-
 
 // The prefill scale follows measured compute time against the cost model for the same work:
 // a worker twice as slow as its profile converges to 2; short prefills (fixed costs) and

@@ -45,15 +45,15 @@ struct RequestRun {
   RequestLoad load;
   double slo_ttft_s = 0, slo_tbt_s = 0;
   Placement placement;
-  std::string decode, prefill;          // names; prefill empty: local
-  Clock::time_point committed_at{};     // when the current placement was made
+  std::string decode, prefill;       // names; prefill empty: local
+  Clock::time_point committed_at{};  // when the current placement was made
   bool waited_for_kv = false;
 
   // Progress of the current attempt.
-  bool fall_back_local = false;         // stop this stream and run the request locally
-  bool retry_kv = false;                // the decode worker had no room: wait and place again
-  bool cancelled = false;               // the client went away
-  int tokens = 0;                       // tokens given to the sink
+  bool fall_back_local = false;  // stop this stream and run the request locally
+  bool retry_kv = false;         // the decode worker had no room: wait and place again
+  bool cancelled = false;        // the client went away
+  int tokens = 0;                // tokens given to the sink
   std::optional<serving::FinishInfo> finish;
   Status error;
   std::optional<PrefillResult> prefill_result;
@@ -87,9 +87,9 @@ class ConductorImpl final : public Conductor {
 
   Status Submit(serving::GenerationRequest request,
                 std::shared_ptr<serving::GenerationSink> sink) override TANDEM_EXCLUDES(mu_) {
-    TANDEM_RETURN_IF_ERROR(serving::ValidateRequest(
-        request, options_.vocab_size > 0 ? options_.vocab_size : INT32_MAX,
-        options_.max_model_len > 0 ? options_.max_model_len : INT32_MAX));
+    TANDEM_RETURN_IF_ERROR(
+        serving::ValidateRequest(request, options_.vocab_size > 0 ? options_.vocab_size : INT32_MAX,
+                                 options_.max_model_len > 0 ? options_.max_model_len : INT32_MAX));
     auto run = std::make_unique<RequestRun>();
     run->slo_ttft_s = request.slo_ttft_seconds > 0 ? request.slo_ttft_seconds : options_.slo_ttft_s;
     run->slo_tbt_s = request.slo_tbt_seconds > 0 ? request.slo_tbt_seconds : options_.slo_tbt_s;
@@ -239,7 +239,9 @@ class ConductorImpl final : public Conductor {
     return shape;
   }
 
-  int ExpectedOutputLocked() const TANDEM_REQUIRES(mu_) { return std::max(1, static_cast<int>(expected_output_)); }
+  int ExpectedOutputLocked() const TANDEM_REQUIRES(mu_) {
+    return std::max(1, static_cast<int>(expected_output_));
+  }
 
   // Places `run` on the current view; *decode and *prefill get the chosen workers' names
   // (prefill empty when local or none).
@@ -364,9 +366,9 @@ class ConductorImpl final : public Conductor {
       const double ahead = w ? ClusterView::QueueSeconds(*w, now, run->load.seq) : 0;
       if (ahead <= std::max(kDispatchAheadS, run->placement.predicted_prefill_s)) {
         const ClusterView::Worker* d = view_.Find(run->decode);
-        const int need = DecodeBlocksNeeded(run->load.prompt_tokens,
-                                            run->placement.decode_cached_tokens,
-                                            d ? d->info.block_tokens : 0);
+        const int need =
+            DecodeBlocksNeeded(run->load.prompt_tokens, run->placement.decode_cached_tokens,
+                               d ? d->info.block_tokens : 0);
         if (view_.Dispatch(run->load.seq, run->decode, run->prefill, need, now)) return true;
         wait.Start();  // its turn, but no KV room on the decode worker now
       }
@@ -617,8 +619,8 @@ class ConductorImpl final : public Conductor {
     int computed_prompt = 0;
     if (run->prefill_result && !local) {
       info.cached_prompt_tokens = run->prefill_result->cached_tokens;
-      info.queue_seconds = run->prefill_result->queue_seconds +
-                           Seconds(run->committed_at - run->r.arrival);
+      info.queue_seconds =
+          run->prefill_result->queue_seconds + Seconds(run->committed_at - run->r.arrival);
       info.prefill_seconds = run->prefill_result->prefill_seconds;
       info.kv_transfer_seconds = run->prefill_result->transfer_seconds;
       computed_prompt = run->load.prompt_tokens - run->prefill_result->cached_tokens;
@@ -631,8 +633,10 @@ class ConductorImpl final : public Conductor {
     // Prediction quality and SLOs, for requests that produced tokens.
     if (run->tokens > 0) {
       const double ttft_from_placement = Seconds(run->first_token_at - run->committed_at);
-      const double tbt = run->tokens > 1 ? Seconds(now - run->first_token_at) / (run->tokens - 1) : -1;
-      metrics_.ObservePrediction(run->predicted_ttft_s, ttft_from_placement, run->predicted_tbt_s, tbt);
+      const double tbt =
+          run->tokens > 1 ? Seconds(now - run->first_token_at) / (run->tokens - 1) : -1;
+      metrics_.ObservePrediction(run->predicted_ttft_s, ttft_from_placement, run->predicted_tbt_s,
+                                 tbt);
       const bool met = (run->slo_ttft_s <= 0 || info.ttft_seconds <= run->slo_ttft_s) &&
                        (run->slo_tbt_s <= 0 || tbt < 0 || tbt <= run->slo_tbt_s);
       const bool completed = run->finish && (run->finish->reason == serving::FinishReason::kStop ||
@@ -704,12 +708,8 @@ class ConductorImpl final : public Conductor {
             view_.PrefillDone(run->load, "", run->decode, -1, Clock::now());
           }
           return emit(e.token);
-        case DecodeEvent::Kind::kFinish:
-          run->finish = e.finish;
-          return true;
-        case DecodeEvent::Kind::kError:
-          run->error = e.error;
-          return true;
+        case DecodeEvent::Kind::kFinish: run->finish = e.finish; return true;
+        case DecodeEvent::Kind::kError: run->error = e.error; return true;
       }
       return true;
     };
@@ -748,7 +748,7 @@ class ConductorImpl final : public Conductor {
   bool stop_ TANDEM_GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_all_{false};
   std::atomic<double> retry_after_s_{1.0};
-  ConductorMetrics metrics_;                     // thread-safe
+  ConductorMetrics metrics_;  // thread-safe
 
   std::thread heartbeat_;  // last: starts after the members above exist
 };

@@ -43,16 +43,16 @@ struct ConductorOptions {
   std::shared_ptr<transfer::MetadataStore> metadata;  // where workers publish themselves
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds worker_timeout{2000};  // silent this long: unhealthy
-  int max_inflight = 1024;                          // beyond: ResourceExhausted (429)
-  int vocab_size = 0;                               // > 0: token ids are checked at Submit
-  int max_model_len = 0;                            // > 0: prompt + max_tokens are checked
+  int max_inflight = 1024;                         // beyond: ResourceExhausted (429)
+  int vocab_size = 0;                              // > 0: token ids are checked at Submit
+  int max_model_len = 0;                           // > 0: prompt + max_tokens are checked
   PlacementPolicy placement = PlacementPolicy::kCacheLoad;
   AdmissionPolicy admission = AdmissionPolicy::kPredictive;
   bool local_prefill = true;  // conditional disaggregation
   // Server-wide SLOs (seconds; 0: none); a request's own SLO fields take precedence.
   double slo_ttft_s = 0;
   double slo_tbt_s = 0;
-  uint64_t random_seed = 1;   // PlacementPolicy::kRandom
+  uint64_t random_seed = 1;  // PlacementPolicy::kRandom
 };
 
 // What the conductor knows of one worker (for /metrics, logs and tests).

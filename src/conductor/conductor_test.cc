@@ -3,6 +3,9 @@
 // room, rejection and shutdown are tested deterministically and fast.
 #include "conductor/conductor.h"
 
+#include <gtest/gtest.h>
+#include <httplib.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -10,9 +13,6 @@
 #include <mutex>
 #include <set>
 #include <thread>
-
-#include <gtest/gtest.h>
-#include <httplib.h>
 
 #include "serving/block_keys.h"
 #include "transfer/metadata.h"
@@ -85,7 +85,8 @@ class FakeWorker {
       prefills.fetch_add(1);
       if (fail_prefill.load()) {
         res.status = 503;
-        res.set_content(cluster::ErrorJson(Unavailable("injected prefill failure")), "application/json");
+        res.set_content(cluster::ErrorJson(Unavailable("injected prefill failure")),
+                        "application/json");
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(call->prompt_tokens.size()));
@@ -111,41 +112,40 @@ class FakeWorker {
       if (call->local) locals.fetch_add(1);
       auto state = std::make_shared<int>(call->local ? 1 : 0);  // 0: reserve, 1: tokens
       auto sent = std::make_shared<int>(call->local ? 0 : 1);   // the prefill sent the first
-      res.set_chunked_content_provider(
-          "application/x-ndjson",
-          [this, call = *call, state, sent](size_t, httplib::DataSink& out) {
-            DecodeEvent e;
-            if (*state == 0) {
-              e.kind = DecodeEvent::Kind::kReserved;
-              e.reserved.segment = info_.kv_segment;
-              e.reserved.blocks = {1, 2, 3};
-              e.reserved.block_tokens = 16;
-              e.reserved.n_layers = 2;
-              e.reserved.layer_slice_bytes = 1024;
-              e.reserved.decode_worker = info_.name;
-              *state = 1;
-              const std::string line = e.ToJson() + "\n";
-              return out.write(line.data(), line.size());
-            }
-            if (*sent == 1 && !call.local && !board_->Wait(call.id, 20ms)) {
-              return !out.is_writable || out.is_writable();  // keep waiting while connected
-            }
-            if (*sent < call.max_tokens) {
-              std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms.load()));
-              e.kind = DecodeEvent::Kind::kToken;
-              e.token = *sent == 0 ? kFirstToken : 100 + *sent;
-              ++*sent;
-              const std::string line = e.ToJson() + "\n";
-              return out.write(line.data(), line.size());
-            }
-            e.kind = DecodeEvent::Kind::kFinish;
-            e.finish.reason = serving::FinishReason::kLength;
-            e.finish.completion_tokens = call.max_tokens;
-            const std::string line = e.ToJson() + "\n";
-            out.write(line.data(), line.size());
-            out.done();
-            return true;
-          });
+      res.set_chunked_content_provider("application/x-ndjson", [this, call = *call, state, sent](
+                                                                   size_t, httplib::DataSink& out) {
+        DecodeEvent e;
+        if (*state == 0) {
+          e.kind = DecodeEvent::Kind::kReserved;
+          e.reserved.segment = info_.kv_segment;
+          e.reserved.blocks = {1, 2, 3};
+          e.reserved.block_tokens = 16;
+          e.reserved.n_layers = 2;
+          e.reserved.layer_slice_bytes = 1024;
+          e.reserved.decode_worker = info_.name;
+          *state = 1;
+          const std::string line = e.ToJson() + "\n";
+          return out.write(line.data(), line.size());
+        }
+        if (*sent == 1 && !call.local && !board_->Wait(call.id, 20ms)) {
+          return !out.is_writable || out.is_writable();  // keep waiting while connected
+        }
+        if (*sent < call.max_tokens) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms.load()));
+          e.kind = DecodeEvent::Kind::kToken;
+          e.token = *sent == 0 ? kFirstToken : 100 + *sent;
+          ++*sent;
+          const std::string line = e.ToJson() + "\n";
+          return out.write(line.data(), line.size());
+        }
+        e.kind = DecodeEvent::Kind::kFinish;
+        e.finish.reason = serving::FinishReason::kLength;
+        e.finish.completion_tokens = call.max_tokens;
+        const std::string line = e.ToJson() + "\n";
+        out.write(line.data(), line.size());
+        out.done();
+        return true;
+      });
     });
     info_.port = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
@@ -243,7 +243,8 @@ TEST_F(ConductorTest, PlacesOnTheWorkerHoldingThePrefixAndRelaysEveryToken) {
   // Wait for a heartbeat carrying the keys.
   for (auto until = Clock::now() + 5s; Clock::now() < until;) {
     bool seen = false;
-    for (const auto& w : c->Workers()) seen |= w.info.name == "prefill-1" && !w.stats.cached_block_keys.empty();
+    for (const auto& w : c->Workers())
+      seen |= w.info.name == "prefill-1" && !w.stats.cached_block_keys.empty();
     if (seen) break;
     std::this_thread::sleep_for(10ms);
   }

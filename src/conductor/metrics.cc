@@ -39,7 +39,8 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
     context += d.prompt_tokens + d.emitted;
   }
   o.decoding = batch;
-  o.decode_step_s = w.info.cost.valid() && batch > 0 ? w.info.cost.DecodeStepSeconds(batch, context) : 0;
+  o.decode_step_s =
+      w.info.cost.valid() && batch > 0 ? w.info.cost.DecodeStepSeconds(batch, context) : 0;
   workers.push_back(o);
   if (w.healthy) {
     transfer_failures += w.stats.transfer_failures;
@@ -86,22 +87,34 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   for (const char* role : {"prefill", "decode", "mixed"}) {
     const auto it = by_role.find(role);
     const auto counts = it == by_role.end() ? std::make_pair(0, 0) : it->second;
-    s->extra.push_back({"tandem_workers", "Workers known to the conductor, by role and state.",
-                        false, {{"role", role}, {"state", "healthy"}}, double(counts.first)});
-    s->extra.push_back({"tandem_workers", "", false, {{"role", role}, {"state", "unhealthy"}},
+    s->extra.push_back({"tandem_workers",
+                        "Workers known to the conductor, by role and state.",
+                        false,
+                        {{"role", role}, {"state", "healthy"}},
+                        double(counts.first)});
+    s->extra.push_back({"tandem_workers",
+                        "",
+                        false,
+                        {{"role", role}, {"state", "unhealthy"}},
                         double(counts.second - counts.first)});
   }
   for (const auto& w : totals.workers) {
     s->extra.push_back({"tandem_worker_inflight_requests",
                         "Requests the conductor has placed on each worker and not seen end "
                         "(prefill workers: until the prefill is done).",
-                        false, {{"worker", w.name}}, double(w.inflight)});
+                        false,
+                        {{"worker", w.name}},
+                        double(w.inflight)});
     s->extra.push_back({"tandem_worker_predicted_queue_seconds",
-                        "Predicted prefill work placed on each worker and not yet done.", false,
-                        {{"worker", w.name}}, w.queue_s});
+                        "Predicted prefill work placed on each worker and not yet done.",
+                        false,
+                        {{"worker", w.name}},
+                        w.queue_s});
     s->extra.push_back({"tandem_worker_predicted_decode_step_seconds",
                         "Predicted decode step time of each worker's current batch (cost model).",
-                        false, {{"worker", w.name}}, w.decode_step_s});
+                        false,
+                        {{"worker", w.name}},
+                        w.decode_step_s});
   }
   auto counter = [&](const char* name, const char* help, double v) {
     s->extra.push_back({name, help, true, {}, v});
@@ -119,7 +132,8 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   counter("tandem_kv_wait_requests_total",
           "Admitted requests that waited because no decode worker had room for their KV.",
           double(kv_waits.load()));
-  counter("tandem_prefill_retries_total", "Prefill attempts that failed and were retried elsewhere.",
+  counter("tandem_prefill_retries_total",
+          "Prefill attempts that failed and were retried elsewhere.",
           double(prefill_retries.load()));
   counter("tandem_worker_failures_total",
           "Requests that failed because a worker's connection broke or it answered an error.",
@@ -127,9 +141,11 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   counter("tandem_worker_restarts_total", "Worker processes restarted by the supervisor.",
           double(restarts.load()));
   counter("tandem_kv_transfer_failures_total",
-          "KV pushes that failed (sum over live prefill workers).", double(totals.transfer_failures));
+          "KV pushes that failed (sum over live prefill workers).",
+          double(totals.transfer_failures));
   counter("tandem_kv_transfer_timeouts_total",
-          "KV pushes that timed out (sum over live prefill workers).", double(totals.transfer_timeouts));
+          "KV pushes that timed out (sum over live prefill workers).",
+          double(totals.transfer_timeouts));
   counter("tandem_kv_wait_timeouts_total",
           "Decode reservations whose KV never arrived (sum over live decode workers).",
           double(totals.kv_wait_timeouts));
@@ -145,26 +161,33 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
       s->extra.push_back({"tandem_rejections_total",
                           "Requests refused at admission, by reason (ttft_slo / tbt_slo: the "
                           "predicted TTFT / TBT broke the SLO, before any work was spent).",
-                          true, {{"reason", reason}}, double(n)});
+                          true,
+                          {{"reason", reason}},
+                          double(n)});
     }
     counter("tandem_placement_rejections_total",
-            "Requests refused at admission (all reasons; see tandem_rejections_total).", double(all));
+            "Requests refused at admission (all reasons; see tandem_rejections_total).",
+            double(all));
     for (const char* outcome : {"slo_met", "slo_missed", "failed"}) {
       const auto it = prefill_tokens_.find(outcome);
       s->extra.push_back({"tandem_prefill_tokens_total",
                           "Prompt tokens computed (not cached), by the request's outcome: slo_met "
                           "(or no SLO), slo_missed (wasted work), failed.",
-                          true, {{"outcome", outcome}},
+                          true,
+                          {{"outcome", outcome}},
                           double(it == prefill_tokens_.end() ? 0 : it->second)});
     }
     s->extra.push_back({"tandem_slo_requests_total",
-                        "Admitted requests with an SLO, by whether they completed within it.", true,
-                        {{"outcome", "met"}}, double(slo_met_)});
-    s->extra.push_back({"tandem_slo_requests_total", "", true, {{"outcome", "missed"}},
-                        double(slo_missed_)});
+                        "Admitted requests with an SLO, by whether they completed within it.",
+                        true,
+                        {{"outcome", "met"}},
+                        double(slo_met_)});
+    s->extra.push_back(
+        {"tandem_slo_requests_total", "", true, {{"outcome", "missed"}}, double(slo_missed_)});
   }
   s->extra_histograms.push_back({"tandem_predicted_ttft_seconds",
-                                 "TTFT the conductor predicted at placement.", predicted_ttft_.Get()});
+                                 "TTFT the conductor predicted at placement.",
+                                 predicted_ttft_.Get()});
   s->extra_histograms.push_back(
       {"tandem_measured_ttft_seconds",
        "TTFT measured from placement (the span the prediction covers; waits before it excluded).",

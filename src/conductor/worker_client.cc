@@ -1,8 +1,8 @@
 #include "conductor/worker_client.h"
 
-#include <algorithm>
-
 #include <httplib.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/http.h"

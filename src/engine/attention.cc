@@ -16,8 +16,8 @@ void AttendTile(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head
     keys[b] = a.kv->Keys(a.block_table[b], a.layer, kv_head);
     values[b] = a.kv->Values(a.block_table[b], a.layer, kv_head);
   }
-  const kernels::AttentionTile tile{keys.data(), values.data(), sh.head_dim, sh.block_tokens,
-                                    group, a.scale};
+  const kernels::AttentionTile tile{keys.data(),     values.data(), sh.head_dim,
+                                    sh.block_tokens, group,         a.scale};
   const int64_t head_offset = static_cast<int64_t>(kv_head) * group * sh.head_dim;
   kernels::AttendTile(tile, first_pos, n_tokens, q + head_offset, q_stride, out + head_offset,
                       out_stride);

@@ -27,7 +27,7 @@ struct AttentionArgs {
 //   out: token t's output at out + t * out_stride, same layout; only this kv group's heads
 //        are written
 // n_tokens <= kMaxAttentionTile. Thread-safe for distinct outputs.
-void AttendTile(const AttentionArgs& args, int first_pos, int n_tokens, int kv_head,
-                const float* q, int64_t q_stride, float* out, int64_t out_stride);
+void AttendTile(const AttentionArgs& args, int first_pos, int n_tokens, int kv_head, const float* q,
+                int64_t q_stride, float* out, int64_t out_stride);
 
 }  // namespace tandem::engine

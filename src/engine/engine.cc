@@ -44,7 +44,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   shape.num_blocks = (capacity + options.block_tokens - 1) / options.block_tokens;
   if (options.kv_memory) {
     const size_t bytes = PagedKvCache::RequiredBytes(shape);
-    TANDEM_ASSIGN_OR_RETURN(uint8_t* memory, options.kv_memory(bytes));
+    TANDEM_ASSIGN_OR_RETURN(uint8_t * memory, options.kv_memory(bytes));
     TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::CreateOn(shape, memory, bytes));
   } else {
     TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::Create(shape));

@@ -1,11 +1,11 @@
 // Agreement with llama.cpp on the default model: prompts, chat rendering, tokenization,
 // first-step logits and greedy generations recorded by tools/golden/make_generation_golden.py
 // (see tests/golden/smollm2/README.md for how the data was made).
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
@@ -104,8 +104,8 @@ TEST_F(GoldenTest, FirstStepLogitsAgree) {
     double sum = 0;
     float max_diff = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
-      const float d = static_cast<float>(
-          std::fabs((ref[i] - mean_ref) - (got->first_logits[i] - mean_got)));
+      const float d =
+          static_cast<float>(std::fabs((ref[i] - mean_ref) - (got->first_logits[i] - mean_got)));
       sum += d;
       max_diff = std::max(max_diff, d);
     }
@@ -141,7 +141,8 @@ TEST_F(GoldenTest, TeacherForcedGreedyChoicesAgree) {
       agree += ours == want[i];
       if (margins[i] >= kNoiseMargin) {
         ++confident;
-        EXPECT_EQ(ours, want[i]) << name << " step " << i << " (llama.cpp margin " << margins[i] << ")";
+        EXPECT_EQ(ours, want[i]) << name << " step " << i << " (llama.cpp margin " << margins[i]
+                                 << ")";
       }
       if (i + 1 == want.size()) break;
       BatchItem next{*blocks, static_cast<int>(prompt.size() + i), {&want[i], 1}, true};
@@ -149,8 +150,10 @@ TEST_F(GoldenTest, TeacherForcedGreedyChoicesAgree) {
     }
     kv.Release(*blocks);
   }
-  std::printf("[ golden   ] teacher-forced: %d/%d steps agree; all %d steps above the noise margin "
-              "checked\n", agree, steps, confident);
+  std::printf(
+      "[ golden   ] teacher-forced: %d/%d steps agree; all %d steps above the noise margin "
+      "checked\n",
+      agree, steps, confident);
   EXPECT_GE(agree, steps * 97 / 100);
 }
 
@@ -176,8 +179,9 @@ TEST_F(GoldenTest, FreeRunningGreedyGenerationAgrees) {
     ASSERT_LT(i, margins.size()) << name;
     EXPECT_LT(margins[i], kNoiseMargin)
         << name << ": diverged at step " << i << " (llama.cpp margin " << margins[i] << ")";
-    std::printf("[ golden   ] %s: same first %zu tokens, diverges where llama.cpp's margin is %.4f\n",
-                name.c_str(), i, margins[i]);
+    std::printf(
+        "[ golden   ] %s: same first %zu tokens, diverges where llama.cpp's margin is %.4f\n",
+        name.c_str(), i, margins[i]);
   }
   std::printf("[ golden   ] %d/%d cases identical for every token\n", exact, total);
   EXPECT_GE(total, 20);

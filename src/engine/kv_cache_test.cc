@@ -1,13 +1,15 @@
 #include "engine/kv_cache.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace tandem::engine {
 namespace {
 
-KvCacheShape Shape() { return {.n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4, .num_blocks = 10}; }
+KvCacheShape Shape() {
+  return {.n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .block_tokens = 4, .num_blocks = 10};
+}
 
 TEST(KvCacheTest, LayerSlicesAreContiguousAndDisjoint) {
   auto kv = std::move(PagedKvCache::Create(Shape()).value());

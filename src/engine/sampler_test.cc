@@ -1,9 +1,9 @@
 #include "engine/sampler.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <map>
-
-#include <gtest/gtest.h>
 
 namespace tandem::engine {
 namespace {
@@ -61,7 +61,8 @@ TEST(SamplerTest, FrequenciesFollowSoftmax) {
 }
 
 TEST(SamplerTest, ValidateNamesTheField) {
-  EXPECT_NE(SamplingParams{.temperature = -1}.Validate().message().find("temperature"), std::string::npos);
+  EXPECT_NE(SamplingParams{.temperature = -1}.Validate().message().find("temperature"),
+            std::string::npos);
   EXPECT_NE(SamplingParams{.top_k = -2}.Validate().message().find("top_k"), std::string::npos);
   EXPECT_NE(SamplingParams{.top_p = 0}.Validate().message().find("top_p"), std::string::npos);
   EXPECT_NE(SamplingParams{.min_p = 1.5f}.Validate().message().find("min_p"), std::string::npos);

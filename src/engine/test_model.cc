@@ -75,7 +75,8 @@ std::string WriteTinyLlama(const TinyLlamaSpec& s) {
         RandomMatrix(t, s.n_kv_heads * hd, s.dim, wscale, rng));
     add(p + "attn_output.weight", t, {s.dim, s.dim}, RandomMatrix(t, s.dim, s.dim, wscale, rng));
     add(p + "ffn_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
-    add(p + "ffn_gate.weight", t, {s.dim, s.ffn_dim}, RandomMatrix(t, s.ffn_dim, s.dim, wscale, rng));
+    add(p + "ffn_gate.weight", t, {s.dim, s.ffn_dim},
+        RandomMatrix(t, s.ffn_dim, s.dim, wscale, rng));
     add(p + "ffn_up.weight", t, {s.dim, s.ffn_dim}, RandomMatrix(t, s.ffn_dim, s.dim, wscale, rng));
     add(p + "ffn_down.weight", t, {s.ffn_dim, s.dim},
         RandomMatrix(t, s.dim, s.ffn_dim, 1.0f / std::sqrt(static_cast<float>(s.ffn_dim)), rng));

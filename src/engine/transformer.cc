@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "common/fp16.h"
-#include "kernels/activations.h"
 #include "engine/attention.h"
+#include "kernels/activations.h"
 #include "kernels/matmul.h"
 
 namespace tandem::engine {
@@ -183,8 +183,7 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     for (int32_t tok : batch[i].tokens) {
       const auto& e = weights_.token_embd;
-      const auto* row =
-          static_cast<const uint8_t*>(e.data) + tok * RowBytes(e.dtype, c.dim);
+      const auto* row = static_cast<const uint8_t*>(e.data) + tok * RowBytes(e.dtype, c.dim);
       kernels::DequantizeRow(e.dtype, row, &x_[t * c.dim], c.dim);
       ++t;
     }

@@ -1,21 +1,20 @@
 #include "engine/transformer.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
 
-#include <gtest/gtest.h>
-
 #include "common/fp16.h"
 #include "engine/attention.h"
-#include "kernels/cpu_isa.h"
 #include "engine/test_model.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/matmul.h"
 
 namespace tandem::engine {
 namespace {
-
 
 // A loaded tiny model with its own KV cache.
 struct Fixture {
@@ -92,11 +91,13 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
     std::vector<float> m(w.rows * w.cols);
     const int64_t rb = RowBytes(w.dtype, w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
-      kernels::DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + r * rb, &m[r * w.cols], w.cols);
+      kernels::DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + r * rb, &m[r * w.cols],
+                             w.cols);
     }
     return m;
   };
-  auto matvec = [](const std::vector<float>& m, int64_t rows, int64_t cols, const float* x, float* y) {
+  auto matvec = [](const std::vector<float>& m, int64_t rows, int64_t cols, const float* x,
+                   float* y) {
     for (int64_t r = 0; r < rows; ++r) {
       double s = 0;
       for (int64_t k = 0; k < cols; ++k) s += static_cast<double>(m[r * cols + k]) * x[k];
@@ -111,7 +112,8 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
   };
   auto rope = [&](float* v, int pos) {
     for (int i = 0; i < c.rope_dim / 2; ++i) {
-      const double theta = pos * std::pow(static_cast<double>(c.rope_freq_base), -2.0 * i / c.rope_dim);
+      const double theta =
+          pos * std::pow(static_cast<double>(c.rope_freq_base), -2.0 * i / c.rope_dim);
       const double a = v[2 * i], b = v[2 * i + 1];
       v[2 * i] = static_cast<float>(a * std::cos(theta) - b * std::sin(theta));
       v[2 * i + 1] = static_cast<float>(a * std::sin(theta) + b * std::cos(theta));
@@ -144,7 +146,8 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
         double mx = -1e300;
         for (int j = 0; j <= t; ++j) {
           double d = 0;
-          for (int e = 0; e < hd; ++e) d += q[t * c.q_dim() + h * hd + e] * k[j * c.kv_dim() + kvh * hd + e];
+          for (int e = 0; e < hd; ++e)
+            d += q[t * c.q_dim() + h * hd + e] * k[j * c.kv_dim() + kvh * hd + e];
           s[j] = d / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, s[j]);
         }
@@ -204,7 +207,8 @@ INSTANTIATE_TEST_SUITE_P(BlockTokens, TransformerBlockSizeTest, ::testing::Value
 // Quantized weights: the reference uses the same dequantized weights but float activations,
 // so the gap is the activation quantization (Q8) only.
 TEST(TransformerTest, QuantizedModelTracksReference) {
-  for (DType t : {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kF16}) {
+  for (DType t :
+       {DType::kQ4_1, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kF16}) {
     testing::TinyLlamaSpec spec;
     spec.matrix_dtype = t;
     spec.dim = 256;  // K-quants need rows of 256
@@ -225,8 +229,8 @@ TEST(TransformerTest, QuantizedModelTracksReference) {
   }
 }
 
-// One mixed batch (a prefill chunk, a decode step and a fresh prompt together) gives exactly the same
-// logits as running each sequence alone.
+// One mixed batch (a prefill chunk, a decode step and a fresh prompt together) gives exactly the
+// same logits as running each sequence alone.
 TEST(TransformerTest, MixedBatchEqualsOneSequenceAtATime) {
   testing::TinyLlamaSpec spec;
   Fixture f(spec);
@@ -253,7 +257,9 @@ TEST(TransformerTest, MixedBatchEqualsOneSequenceAtATime) {
   };
   ASSERT_TRUE(f.tf->Forward(mixed, *f.kv, &logits).ok());
   ASSERT_EQ(logits.size(), 3u * V);
-  auto row = [&](int r) { return std::vector<float>(logits.begin() + r * V, logits.begin() + (r + 1) * V); };
+  auto row = [&](int r) {
+    return std::vector<float>(logits.begin() + r * V, logits.begin() + (r + 1) * V);
+  };
   EXPECT_EQ(MaxAbsDiff(row(0), alone_b), 0.0f);  // bit-identical: kernels are batch-invariant
   EXPECT_EQ(MaxAbsDiff(row(1), std::vector<float>(alone_a.end() - V, alone_a.end())), 0.0f);
   EXPECT_EQ(MaxAbsDiff(row(2), alone_c), 0.0f);

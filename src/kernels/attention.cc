@@ -19,7 +19,7 @@ namespace internal {
 
 // Portable path. Keys of a block are stored (head_dim, block_tokens): k[d * bt + j].
 void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
-                int64_t q_stride, float* out, int64_t out_stride) {
+                      int64_t q_stride, float* out, int64_t out_stride) {
   const int hd = a.head_dim, bt = a.block_tokens, g = a.group;
   const int rows = n_tokens * g;
   thread_local std::vector<float> acc_buf;

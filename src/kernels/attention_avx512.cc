@@ -13,10 +13,8 @@ namespace tandem::kernels::internal {
 
 // AVX-512 path for block_tokens == 16 and head_dim % 16 == 0 (<= 256): one block's 16 scores
 // of a query row are one register (keys stored (head_dim, 16), so score = sum_d q[d] * K[d,:]).
-void AttendTileAvx512(const AttentionTile& a, int first_pos,
-                                                         int n_tokens, const float* q,
-                                                         int64_t q_stride, float* out,
-                                                         int64_t out_stride) {
+void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                      int64_t q_stride, float* out, int64_t out_stride) {
   if (a.block_tokens != 16 || a.head_dim % 16 != 0) {
     AttendTileScalar(a, first_pos, n_tokens, q, q_stride, out, out_stride);
     return;
@@ -63,8 +61,7 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos,
                                               _mm512_mul_ps(_mm512_add_ps(s0, s1), scale));
         const float m = std::max(st[r].max, _mm512_reduce_max_ps(s));
         const float corr = std::exp(st[r].max - m);
-        const __m512 p =
-            _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        const __m512 p = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(s, _mm512_set1_ps(m))));
         st[r] = {m, st[r].sum * corr + _mm512_reduce_add_ps(p)};
         alignas(64) float pj[16];
         _mm512_store_ps(pj, p);

@@ -27,9 +27,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/dtype.h"
 #include "kernels/gemm_driver_internal.h"
 #include "kernels/isa_internal.h"
-#include "common/dtype.h"
 
 namespace tandem::kernels::internal::avx512 {
 
@@ -108,7 +108,9 @@ inline SplitGroup LoadSplitGroup(const uint8_t* row, int64_t g, int64_t nb) {
   constexpr int kBB = kType == DType::kQ4_1 ? 20 : kType == DType::kQ4_0 ? 18 : 34;
   constexpr int kQs = kType == DType::kQ4_1 ? 4 : 2;  // offset of the quants in a block
   const uint8_t* blk = row + 4 * g * kBB;
-  auto load128 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  auto load128 = [](const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  };
   __m128i lo[4], hi[4];
   __m128i dm;
   if (nb - 4 * g >= 4) {
@@ -121,12 +123,14 @@ inline SplitGroup LoadSplitGroup(const uint8_t* row, int64_t g, int64_t nb) {
     if constexpr (kQ8) {
       // d_b lands in word 2b (odd words: junk).
       const __m512i idx = _mm512_setr_epi32(0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-      const __m512i w = _mm512_permutex2var_epi16(_mm512_loadu_si512(blk), idx, _mm512_loadu_si512(blk + 64));
+      const __m512i w =
+          _mm512_permutex2var_epi16(_mm512_loadu_si512(blk), idx, _mm512_loadu_si512(blk + 64));
       dm = _mm512_castsi512_si128(w);
     } else {
       constexpr int kW = kBB / 2;  // words per block
-      const __m512i idx = _mm512_setr_epi32(0 | (1 << 16), kW | ((kW + 1) << 16), 2 * kW | ((2 * kW + 1) << 16),
-                                            3 * kW | ((3 * kW + 1) << 16), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      const __m512i idx =
+          _mm512_setr_epi32(0 | (1 << 16), kW | ((kW + 1) << 16), 2 * kW | ((2 * kW + 1) << 16),
+                            3 * kW | ((3 * kW + 1) << 16), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
       dm = _mm512_castsi512_si128(_mm512_permutexvar_epi16(idx, _mm512_loadu_si512(blk)));
     }
   } else {

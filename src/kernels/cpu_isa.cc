@@ -26,8 +26,8 @@ CpuFeatures Detect() {
 
 const IsaImpl* DetectedIsa() {
   static const IsaImpl* const isa = DetectedCpuFeatures().avx512 ? internal::Avx512Isa()
-                                    : DetectedCpuFeatures().avx2  ? internal::Avx2Isa()
-                                                                  : internal::ScalarIsa();
+                                    : DetectedCpuFeatures().avx2 ? internal::Avx2Isa()
+                                                                 : internal::ScalarIsa();
   return isa;
 }
 

@@ -1,6 +1,6 @@
 // The one instruction-set switch of the kernels. Every SIMD kernel (MatMul, attention, the FFN
-// activation) runs through one per-ISA table (kernels/isa_internal.h), picked here: the best the CPU
-// has, unless forced (tests, benchmarks). Process-wide.
+// activation) runs through one per-ISA table (kernels/isa_internal.h), picked here: the best the
+// CPU has, unless forced (tests, benchmarks). Process-wide.
 #pragma once
 
 namespace tandem::kernels {

@@ -25,7 +25,7 @@ namespace avx2 {
 namespace {
 
 constexpr int kTileRows = 4;
-constexpr int kMaxCols = 2;                    // activation rows per microkernel call
+constexpr int kMaxCols = 2;  // activation rows per microkernel call
 
 struct Layout {
   int64_t k8, nb, nb8;
@@ -88,8 +88,8 @@ void QuantActQ8x32(const float* x, int64_t k, uint8_t* dst, bool need_sums) {
     const float* xb = x + 32 * b;
     __m256 v[4];
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
-    const float amax =
-        Hmax(_mm256_max_ps(_mm256_max_ps(Abs(v[0]), Abs(v[1])), _mm256_max_ps(Abs(v[2]), Abs(v[3]))));
+    const float amax = Hmax(
+        _mm256_max_ps(_mm256_max_ps(Abs(v[0]), Abs(v[1])), _mm256_max_ps(Abs(v[2]), Abs(v[3]))));
     const float d = amax / 127.f;
     const __m256 id = _mm256_set1_ps(amax != 0 ? 127.f / amax : 0.f);
     __m256i q[4];
@@ -97,7 +97,8 @@ void QuantActQ8x32(const float* x, int64_t k, uint8_t* dst, bool need_sums) {
     StoreI(dst + 32 * b, Pack32(q[0], q[1], q[2], q[3]));
     sa[b] = RoundHalf(d);
     if (need_sums) {
-      const int sum = HsumI(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+      const int sum =
+          HsumI(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
       ss[b] = RoundHalf(d * static_cast<float>(sum));
     }
   }
@@ -265,11 +266,14 @@ void PackFloat(DType t, const uint8_t* src, int64_t k, uint8_t* dst) {
     std::memcpy(out, src, k * 4);
     i = k;
   } else if (t == DType::kF16) {
-    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    for (; i + 8 <= k; i += 8)
+      _mm256_storeu_ps(out + i,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
     for (; i < k; ++i) out[i] = Fp16ToFp32(h[i]);
   } else {
     for (; i + 8 <= k; i += 8) {
-      const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+      const __m256i v =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
       _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
     }
     for (; i < k; ++i) out[i] = Bf16ToFp32(h[i]);
@@ -306,7 +310,8 @@ void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       a[c] = LoadI(act + c * astride + 32 * b);
-      sa[c] = _mm256_broadcast_ss(reinterpret_cast<const float*>(act + c * astride + L.act_sa()) + b);
+      sa[c] =
+          _mm256_broadcast_ss(reinterpret_cast<const float*>(act + c * astride + L.act_sa()) + b);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < kTileRows; ++r) {
@@ -325,9 +330,11 @@ void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
   if constexpr (kMin) {
     for (int64_t b = 0; b < L.nb8; b += 8) {
       for (int c = 0; c < C; ++c) {
-        const __m256 s = _mm256_loadu_ps(reinterpret_cast<const float*>(act + c * astride + L.act_ss()) + b);
+        const __m256 s =
+            _mm256_loadu_ps(reinterpret_cast<const float*>(act + c * astride + L.act_ss()) + b);
         for (int r = 0; r < kTileRows; ++r) {
-          const __m256 m = _mm256_loadu_ps(reinterpret_cast<const float*>(wt + r * wstride + L.w_mw()) + b);
+          const __m256 m =
+              _mm256_loadu_ps(reinterpret_cast<const float*>(wt + r * wstride + L.w_mw()) + b);
           acc[r][c] = _mm256_fmadd_ps(m, s, acc[r][c]);
         }
       }
@@ -348,7 +355,8 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
   for (int64_t i = 0; i < L.k8; i += 8) {
     __m256 a[C];
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(reinterpret_cast<const float*>(act + c * astride) + i);
+    for (int c = 0; c < C; ++c)
+      a[c] = _mm256_loadu_ps(reinterpret_cast<const float*>(act + c * astride) + i);
 #pragma GCC unroll 4
     for (int r = 0; r < kTileRows; ++r) {
       const __m256 w = _mm256_loadu_ps(reinterpret_cast<const float*>(wt + r * wstride) + i);
@@ -366,7 +374,8 @@ using KernelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, cons
 
 const KernelFn* KernelsFor(DType t) {
   static constexpr KernelFn kSignedK[kMaxCols] = {QKernel<1, true, false>, QKernel<2, true, false>};
-  static constexpr KernelFn kUnsignedMin[kMaxCols] = {QKernel<1, false, true>, QKernel<2, false, true>};
+  static constexpr KernelFn kUnsignedMin[kMaxCols] = {QKernel<1, false, true>,
+                                                      QKernel<2, false, true>};
   static constexpr KernelFn kFloat[kMaxCols] = {FKernel<1>, FKernel<2>};
   if (IsFloat(t)) return kFloat;
   return t == DType::kQ4_1 || t == DType::kQ4_K ? kUnsignedMin : kSignedK;

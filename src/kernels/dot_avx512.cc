@@ -21,7 +21,6 @@ namespace tandem::kernels::internal {
 namespace avx512 {
 namespace {
 
-
 inline __m512i Load(const void* p) { return _mm512_loadu_si512(p); }
 inline void Store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
 
@@ -71,7 +70,8 @@ void QuantActSplit(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   }
 }
 
-// Q8_K numerics (quant_blocks_internal.h) in kLanes order. ss = d * sum q per 32 (Q4_K) or 16 (Q6_K).
+// Q8_K numerics (quant_blocks_internal.h) in kLanes order. ss = d * sum q per 32 (Q4_K) or 16
+// (Q6_K).
 void QuantActQ8K(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   const QLayout L(k, wtype);
   auto* sa = reinterpret_cast<float*>(dst + L.act_sa());
@@ -84,7 +84,8 @@ void QuantActQ8K(DType wtype, const float* x, int64_t k, uint8_t* dst) {
     int bsum[16] = {};
     float d = 0;
     __m512 vmax = _mm512_setzero_ps();
-    for (int i = 0; i < 16; ++i) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xs + 16 * i)));
+    for (int i = 0; i < 16; ++i)
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(xs + 16 * i)));
     const float amax = _mm512_reduce_max_ps(vmax);
     if (amax == 0) {
       for (auto& p : part) p = _mm_setzero_si128();
@@ -112,7 +113,8 @@ void QuantActQ8K(DType wtype, const float* x, int64_t k, uint8_t* dst) {
     if (wtype == DType::kQ6_K) {
       for (int j = 0; j < 16; ++j) ss[16 * sb + j] = d * static_cast<float>(bsum[j]);
     } else {
-      for (int j = 0; j < 8; ++j) ss[8 * sb + j] = d * static_cast<float>(bsum[2 * j] + bsum[2 * j + 1]);
+      for (int j = 0; j < 8; ++j)
+        ss[8 * sb + j] = d * static_cast<float>(bsum[2 * j] + bsum[2 * j + 1]);
     }
     for (int h = 0; h < 2; ++h) {
       const __m128i* p = part + 8 * h;
@@ -232,7 +234,8 @@ void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
       }
     }
   }
-  for (int c = 0; c < C; ++c) Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+  for (int c = 0; c < C; ++c)
+    Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
 }
 
 // 4 packed weight rows x C activation rows, float types.
@@ -248,7 +251,8 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
   for (int64_t i = 0; i < L.k16; i += 16) {
     __m512 a[C];
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(act + c * astride) + i);
+    for (int c = 0; c < C; ++c)
+      a[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(act + c * astride) + i);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
       const __m512 w = _mm512_loadu_ps(reinterpret_cast<const float*>(wt + r * wstride) + i);
@@ -256,11 +260,12 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(w, a[c], acc[r][c]);
     }
   }
-  for (int c = 0; c < C; ++c) Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+  for (int c = 0; c < C; ++c)
+    Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
 }
 
-using KernelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, const QLayout&,
-                          float*, int64_t, int);
+using KernelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, const QLayout&, float*,
+                          int64_t, int);
 void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m, int64_t r0,
           int64_t r1, float* y, int64_t ldy) {
   static constexpr KernelFn kQ[4] = {QKernel<1>, QKernel<2>, QKernel<3>, QKernel<4>};

@@ -116,26 +116,21 @@ float VecDot(DType t, const void* w, const void* a, int64_t k) {
     case DType::kQ8_0:
       return DotQ8_0(static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(a), k / kQK);
     case DType::kQ4_K:
-      return DotQ4_K(static_cast<const BlockQ4_K*>(w), static_cast<const BlockQ8_K*>(a),
-                     k / kQKK);
+      return DotQ4_K(static_cast<const BlockQ4_K*>(w), static_cast<const BlockQ8_K*>(a), k / kQKK);
     case DType::kQ6_K:
-      return DotQ6_K(static_cast<const BlockQ6_K*>(w), static_cast<const BlockQ8_K*>(a),
-                     k / kQKK);
-    case DType::kF32:
-      return DotF32(static_cast<const float*>(w), static_cast<const float*>(a), k);
+      return DotQ6_K(static_cast<const BlockQ6_K*>(w), static_cast<const BlockQ8_K*>(a), k / kQKK);
+    case DType::kF32: return DotF32(static_cast<const float*>(w), static_cast<const float*>(a), k);
     case DType::kF16:
-      return DotHalf<Fp16ToFp32>(static_cast<const uint16_t*>(w),
-                                 static_cast<const uint16_t*>(a), k);
+      return DotHalf<Fp16ToFp32>(static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a),
+                                 k);
     case DType::kBF16:
-      return DotHalf<Bf16ToFp32>(static_cast<const uint16_t*>(w),
-                                 static_cast<const uint16_t*>(a), k);
+      return DotHalf<Bf16ToFp32>(static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a),
+                                 k);
     default: return 0;  // Q8_1 / Q8_K are activation-only types; MatMul rejects them.
   }
 }
 
-int64_t ActRowBytes(DType wtype, int64_t k) {
-  return RoundUp(RowBytes(ActType(wtype), k), 64);
-}
+int64_t ActRowBytes(DType wtype, int64_t k) { return RoundUp(RowBytes(ActType(wtype), k), 64); }
 
 void QuantizeAct(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   switch (ActType(wtype)) {
@@ -171,7 +166,7 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace
 
 const IsaImpl* ScalarIsa() {
-  static const IsaImpl impl{"scalar", ActRowBytes,    QuantizeAct,
+  static const IsaImpl impl{"scalar", ActRowBytes,   QuantizeAct,
                             Gemm,     SiluMulScalar, AttendTileScalar};
   return &impl;
 }

@@ -43,8 +43,7 @@ void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool
   if (m <= 0 || w.rows <= 0) return;
   const int64_t k = w.cols;
   TANDEM_CHECK(IsWeightType(w.dtype) && k > 0 && k % GetDTypeInfo(w.dtype).block_elems == 0)
-      << "MatMul: unsupported weight " << GetDTypeInfo(w.dtype).name << " with " << k
-      << " columns";
+      << "MatMul: unsupported weight " << GetDTypeInfo(w.dtype).name << " with " << k << " columns";
   const IsaImpl* isa = CurrentIsa();
   const int64_t act_row_bytes = isa->act_row_bytes(w.dtype, k);
   uint8_t* act = internal::ThreadScratch(0, static_cast<size_t>(m * act_row_bytes));
@@ -66,7 +65,8 @@ void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool
   };
   if (parallel) {
     const int64_t rows_per_thread = (kMinWorkPerThread + m * k - 1) / (m * k);
-    pool->ParallelFor(w.rows, gemm, internal::RoundUp(std::max(kRowGrain, rows_per_thread), kRowGrain));
+    pool->ParallelFor(w.rows, gemm,
+                      internal::RoundUp(std::max(kRowGrain, rows_per_thread), kRowGrain));
   } else {
     gemm(0, w.rows, 0);
   }

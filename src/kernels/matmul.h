@@ -7,16 +7,16 @@
 //
 // Numerics follow llama.cpp's CPU backend on x86: activation blocks are quantized exactly as its
 // AVX2 quantizers do (Q8_0/Q8_1: d = amax/127 stored fp16, q = round-half-even(x * 127/amax),
-// Q8_1 s = fp16(d * sum q); Q8_K: ggml's reference, see quant_blocks_internal.h), F16/BF16 weights see
-// activations rounded to fp16/bf16, and integer block sums are exact. Results differ from
+// Q8_1 s = fp16(d * sum q); Q8_K: ggml's reference, see quant_blocks_internal.h), F16/BF16 weights
+// see activations rounded to fp16/bf16, and integer block sums are exact. Results differ from
 // llama.cpp's only by float summation order (~1e-6 relative).
 #pragma once
 
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu_isa.h"  // ActiveIsa, ForceIsa: which path MatMul takes
-#include "common/dtype.h"
 
 namespace tandem::kernels {
 

@@ -5,6 +5,8 @@
 // Tolerance: |y - ref| <= 5e-5 * S + 1e-6 with S = sum_i |w_i a_i| (plus |m * s| per block for
 // Q4_1). The integer block sums are exact, so only float rounding of scales and accumulation
 // remains (~1e-6 S); a wrong element, scale or block shows up as >= ~1/k of S.
+#include "kernels/matmul.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +18,6 @@
 
 #include "common/fp16.h"
 #include "common/thread_pool.h"
-#include "kernels/matmul.h"
 #include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels {
@@ -27,9 +28,9 @@ constexpr double kRelTol = 5e-5;
 struct Problem {
   DType t;
   int64_t n, k, m;
-  std::vector<uint8_t> w;            // n rows of RowBytes(t, k)
-  std::vector<float> x;              // m x k activations
-  std::vector<double> ref, scale;    // m x n reference outputs and their error scale S
+  std::vector<uint8_t> w;          // n rows of RowBytes(t, k)
+  std::vector<float> x;            // m x k activations
+  std::vector<double> ref, scale;  // m x n reference outputs and their error scale S
 };
 
 std::vector<float> Gaussian(int64_t count, uint32_t seed) {
@@ -213,7 +214,8 @@ TEST_P(MatMulTest, RowResultsDoNotDependOnTheBatch) {
         MatMul(WeightView{p.t, p.n, p.k, p.w.data()}, p.x.data(), m, batch.data(), &pool);
         for (int64_t row = 0; row < m; ++row) {
           std::vector<float> alone(p.n);
-          MatMul(WeightView{p.t, p.n, p.k, p.w.data()}, p.x.data() + row * k, 1, alone.data(), &pool);
+          MatMul(WeightView{p.t, p.n, p.k, p.w.data()}, p.x.data() + row * k, 1, alone.data(),
+                 &pool);
           ASSERT_EQ(0, std::memcmp(alone.data(), batch.data() + row * p.n, p.n * sizeof(float)))
               << isa << " m=" << m << " row " << row << " threads " << threads;
         }
@@ -225,7 +227,9 @@ TEST_P(MatMulTest, RowResultsDoNotDependOnTheBatch) {
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest,
                          ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K,
                                            DType::kQ6_K, DType::kF32, DType::kF16, DType::kBF16),
-                         [](const auto& info) { return std::string(GetDTypeInfo(info.param).name); });
+                         [](const auto& info) {
+                           return std::string(GetDTypeInfo(info.param).name);
+                         });
 
 TEST(MatMulIsaTest, ForceAndReport) {
   EXPECT_FALSE(ForceIsa("sse9"));
@@ -243,7 +247,8 @@ TEST(MatMulIsaTest, ZeroActivations) {
     for (DType t : {DType::kQ4_1, DType::kQ4_K, DType::kQ8_0, DType::kQ6_K}) {
       Problem p = MakeProblem(t, 8, 256, 2, 5);
       std::fill(p.x.begin(), p.x.end(), 0.0f);
-      for (float v : RunMatMul(p, nullptr)) EXPECT_EQ(v, 0.0f) << isa << " " << GetDTypeInfo(t).name;
+      for (float v : RunMatMul(p, nullptr))
+        EXPECT_EQ(v, 0.0f) << isa << " " << GetDTypeInfo(t).name;
     }
   }
   ForceIsa("auto");

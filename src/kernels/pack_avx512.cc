@@ -53,8 +53,8 @@ void PackQ4_K(const uint8_t* src, int64_t k, const QLayout& L, uint8_t* dst) {
     const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
         _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0)));
-    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-        _mm_setr_epi32(static_cast<int>(m_lo), static_cast<int>(m_hi), 0, 0)));
+    const __m256 mn = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(m_lo), static_cast<int>(m_hi), 0, 0)));
     const __m256 scale = _mm256_mul_ps(sc, _mm256_set1_ps(_cvtsh_ss(blk->d)));
     _mm256_storeu_ps(mw + 8 * sb, _mm256_mul_ps(mn, _mm256_set1_ps(-_cvtsh_ss(blk->dmin))));
     for (int h = 0; h < 2; ++h) {
@@ -82,7 +82,8 @@ void PackQ6_K(const uint8_t* src, int64_t k, const QLayout& L, uint8_t* dst) {
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
       // [qh, qh >> 2]: bits 0-1 are the high bits of elements 0..31 | 32..63;
       // shifted by 4 more: elements 64..95 | 96..127.
-      const __m512i hx = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      const __m512i hx =
+          _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
       const __m512i h_lo = _mm512_slli_epi16(_mm512_and_si512(hx, m3), 4);
       const __m512i h_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hx, 4), m3), 4);
       const __m512i n0 = _mm512_or_si512(_mm512_and_si512(ql, m4), h_lo);

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "common/fp16.h"
 #include "common/dtype.h"
+#include "common/fp16.h"
 
 namespace tandem::kernels {
 

@@ -158,10 +158,10 @@ TEST(DequantizeTest, HandMadeQ4_K) {
     const int q = hi ? byte >> 4 : byte & 0xF;
     ASSERT_EQ(y[e], 1.0f * sc[j] * q - 0.5f * mn[j]) << e;
   }
-  EXPECT_EQ(y[0], 0.0f);                   // q 0, sc 1, m 0
-  EXPECT_EQ(y[33], 2.0f * 7 - 3.5f);       // qs[1] high nibble 7, sub-block 1
-  EXPECT_EQ(y[200], 48.0f * 8 - 0.5f * 2); // chunk 3, l 8: qs[104] low nibble 8, sub-block 6
-  EXPECT_EQ(y[255], 5.0f * 9 - 30.0f);     // qs[127] high nibble (127*7)%16 = 9, sub-block 7
+  EXPECT_EQ(y[0], 0.0f);                    // q 0, sc 1, m 0
+  EXPECT_EQ(y[33], 2.0f * 7 - 3.5f);        // qs[1] high nibble 7, sub-block 1
+  EXPECT_EQ(y[200], 48.0f * 8 - 0.5f * 2);  // chunk 3, l 8: qs[104] low nibble 8, sub-block 6
+  EXPECT_EQ(y[255], 5.0f * 9 - 30.0f);      // qs[127] high nibble (127*7)%16 = 9, sub-block 7
 }
 
 TEST(DequantizeTest, HandMadeQ6_K) {

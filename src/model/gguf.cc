@@ -53,10 +53,17 @@ class Reader {
 
 size_t MinEncodedSize(GgufValueType t) {
   switch (t) {
-    case GgufValueType::kUint8: case GgufValueType::kInt8: case GgufValueType::kBool: return 1;
-    case GgufValueType::kUint16: case GgufValueType::kInt16: return 2;
-    case GgufValueType::kUint32: case GgufValueType::kInt32: case GgufValueType::kFloat32: return 4;
-    case GgufValueType::kString: case GgufValueType::kUint64: case GgufValueType::kInt64:
+    case GgufValueType::kUint8:
+    case GgufValueType::kInt8:
+    case GgufValueType::kBool: return 1;
+    case GgufValueType::kUint16:
+    case GgufValueType::kInt16: return 2;
+    case GgufValueType::kUint32:
+    case GgufValueType::kInt32:
+    case GgufValueType::kFloat32: return 4;
+    case GgufValueType::kString:
+    case GgufValueType::kUint64:
+    case GgufValueType::kInt64:
     case GgufValueType::kFloat64: return 8;
     case GgufValueType::kArray: return 12;
   }
@@ -99,7 +106,8 @@ Status ReadValue(Reader& r, GgufValueType type, GgufValue* v, int depth, const s
       return OkStatus();
     }
     case GgufValueType::kArray: {
-      if (depth >= kMaxArrayDepth) return DataLoss("metadata '" + key + "': arrays nested too deep");
+      if (depth >= kMaxArrayDepth)
+        return DataLoss("metadata '" + key + "': arrays nested too deep");
       uint32_t elem_raw = 0;
       uint64_t count = 0;
       TANDEM_RETURN_IF_ERROR(r.Read(&elem_raw, "array element type"));
@@ -236,7 +244,8 @@ Status GgufFile::Parse() {
   const uint64_t data_start = (r.pos() + alignment_ - 1) / alignment_ * alignment_;
   if (data_start > size_) return DataLoss("file truncated before the tensor data section");
   for (GgufTensor& t : tensors_) {
-    if (t.offset > size_ - data_start || static_cast<uint64_t>(t.num_bytes) > size_ - data_start - t.offset) {
+    if (t.offset > size_ - data_start ||
+        static_cast<uint64_t>(t.num_bytes) > size_ - data_start - t.offset) {
       return DataLoss("tensor '" + t.name + "' (" + std::to_string(t.num_bytes) +
                       " bytes at data offset " + std::to_string(t.offset) +
                       ") extends past the end of the file (" + std::to_string(size_) + " bytes)");
@@ -252,7 +261,8 @@ const GgufTensor* GgufFile::FindTensor(const std::string& name) const {
 }
 
 namespace {
-StatusOr<const GgufValue*> Lookup(const std::map<std::string, GgufValue>& m, const std::string& key) {
+StatusOr<const GgufValue*> Lookup(const std::map<std::string, GgufValue>& m,
+                                  const std::string& key) {
   auto it = m.find(key);
   if (it == m.end()) return NotFound("metadata key '" + key + "' is missing");
   return &it->second;
@@ -278,7 +288,8 @@ StatusOr<uint64_t> GgufFile::GetUint(const std::string& key) const {
 StatusOr<int64_t> GgufFile::GetInt(const std::string& key) const {
   TANDEM_ASSIGN_OR_RETURN(const GgufValue* v, Lookup(metadata_, key));
   if (auto* i = std::get_if<int64_t>(&v->value)) return *i;
-  if (auto* u = std::get_if<uint64_t>(&v->value); u && *u <= INT64_MAX) return static_cast<int64_t>(*u);
+  if (auto* u = std::get_if<uint64_t>(&v->value); u && *u <= INT64_MAX)
+    return static_cast<int64_t>(*u);
   return WrongType(key, "an integer");
 }
 

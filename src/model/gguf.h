@@ -17,15 +17,26 @@
 #include <variant>
 #include <vector>
 
-#include "common/status.h"
 #include "common/dtype.h"
+#include "common/status.h"
 
 namespace tandem::model {
 
 // Metadata value types as numbered in the GGUF format.
 enum class GgufValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 
 struct GgufValue;
@@ -45,8 +56,8 @@ struct GgufTensor {
   std::vector<int64_t> dims;  // GGUF order: dims[0] is the innermost (contiguous) dimension
   int64_t num_elements;
   int64_t num_bytes;
-  uint64_t offset;    // from the start of the data section
-  const void* data;   // inside the mapping
+  uint64_t offset;   // from the start of the data section
+  const void* data;  // inside the mapping
 };
 
 class GgufFile {

@@ -1,20 +1,18 @@
 #include "model/gguf.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <random>
-
-#include <gtest/gtest.h>
 
 #include "model/gguf_writer.h"
 #include "model/model_config.h"
 
 namespace tandem::model {
 namespace {
-
 
 class TempFile {
  public:
@@ -157,7 +155,7 @@ TEST(GgufTest, RefusesUnsupportedTensorType) {
   auto it = std::search(bytes.begin(), bytes.end(), name_field.begin(), name_field.end());
   ASSERT_NE(it, bytes.end());
   const size_t type_at = (it - bytes.begin()) + 9 + 4 + 8;  // name, n_dims, dims[0]
-  bytes[type_at] = 20;  // IQ4_NL
+  bytes[type_at] = 20;                                      // IQ4_NL
   TempFile tmp;
   tmp.Write(bytes);
   auto f = GgufFile::Open(tmp.path());

@@ -86,8 +86,8 @@ void GgufWriter::SetFloat32Array(const std::string& key, const std::vector<float
   kv_.push_back(std::move(rec));
 }
 
-Status GgufWriter::AddTensor(const std::string& name, DType dtype,
-                             const std::vector<int64_t>& dims, std::vector<uint8_t> bytes) {
+Status GgufWriter::AddTensor(const std::string& name, DType dtype, const std::vector<int64_t>& dims,
+                             std::vector<uint8_t> bytes) {
   if (dims.empty() || dims.size() > 4) return InvalidArgument("tensor '" + name + "': bad rank");
   int64_t elems = 1;
   for (int64_t d : dims) elems *= d;

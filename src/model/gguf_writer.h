@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
 #include "common/dtype.h"
+#include "common/status.h"
 
 namespace tandem::model {
 

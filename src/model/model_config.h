@@ -14,13 +14,13 @@ struct LlamaConfig {
   std::string architecture;  // general.architecture ("llama")
   std::string name;          // general.name (may be empty)
   int n_layers = 0;
-  int dim = 0;               // embedding width
-  int ffn_dim = 0;           // SwiGLU hidden width
+  int dim = 0;      // embedding width
+  int ffn_dim = 0;  // SwiGLU hidden width
   int n_heads = 0;
-  int n_kv_heads = 0;        // grouped-query attention: n_heads % n_kv_heads == 0
-  int head_dim = 0;          // dim / n_heads unless the file says otherwise
+  int n_kv_heads = 0;  // grouped-query attention: n_heads % n_kv_heads == 0
+  int head_dim = 0;    // dim / n_heads unless the file says otherwise
   int vocab_size = 0;
-  int context_length = 0;    // trained context
+  int context_length = 0;  // trained context
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / linear scaling factor

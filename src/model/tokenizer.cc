@@ -352,8 +352,8 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
   }
 
   static constexpr std::string_view kEogTexts[] = {
-      "<|endoftext|>",   "<|im_end|>",    "<|eot_id|>", "<|eom_id|>",
-      "<|end_of_text|>", "<end_of_turn>", "<|end|>",    "</s>",
+      "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>",
+      "<|end|>", "</s>",
       // Fill-in-the-middle separators end generation too (llama.cpp counts them as EOG).
       "<reponame>", "<|repo_name|>", "<|fim_pad|>", "<|file_sep|>"};
   tok->pieces_.resize(n);

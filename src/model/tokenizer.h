@@ -20,11 +20,12 @@ namespace tandem::model {
 
 // The tokenizer.* metadata of a GGUF file, copied out of the mapping.
 struct VocabData {
-  std::string model;                 // tokenizer.ggml.model, e.g. "gpt2"
-  std::string pre;                   // tokenizer.ggml.pre, e.g. "smollm" (may be empty)
-  std::vector<std::string> tokens;   // id -> token text (byte-level encoded for gpt2)
-  std::vector<int32_t> token_types;  // id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
-  std::vector<std::string> merges;   // "a b" pairs in priority order
+  std::string model;                // tokenizer.ggml.model, e.g. "gpt2"
+  std::string pre;                  // tokenizer.ggml.pre, e.g. "smollm" (may be empty)
+  std::vector<std::string> tokens;  // id -> token text (byte-level encoded for gpt2)
+  std::vector<int32_t>
+      token_types;  // id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+  std::vector<std::string> merges;  // "a b" pairs in priority order
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t unk_id = -1;

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "model/tokenizer_test_util.h"
 
@@ -182,7 +182,7 @@ TEST(TokenizerTest, EndOfGeneration) {
   EXPECT_TRUE(tok.IsEndOfGeneration(2));   // <|im_end|> (also eos)
   EXPECT_FALSE(tok.IsEndOfGeneration(1));  // <|im_start|>
   EXPECT_FALSE(tok.IsEndOfGeneration(3));
-  EXPECT_TRUE(tok.IsEndOfGeneration(4));   // <reponame>: llama.cpp's EOG set is {0, 2, 4}
+  EXPECT_TRUE(tok.IsEndOfGeneration(4));  // <reponame>: llama.cpp's EOG set is {0, 2, 4}
   EXPECT_FALSE(tok.IsEndOfGeneration(5));
   EXPECT_FALSE(tok.IsEndOfGeneration(tok.Encode("Hello", false, false)[0]));
   EXPECT_FALSE(tok.IsEndOfGeneration(-1));

@@ -7,9 +7,9 @@ namespace tandem::server::testing {
 using serving::Clock;
 using serving::FinishReason;
 
-FakeBackend::FakeBackend(std::function<std::vector<int32_t>(const serving::GenerationRequest&)> script,
-                         std::vector<int32_t> eog, std::chrono::microseconds step, int max_running,
-                         int max_waiting)
+FakeBackend::FakeBackend(
+    std::function<std::vector<int32_t>(const serving::GenerationRequest&)> script,
+    std::vector<int32_t> eog, std::chrono::microseconds step, int max_running, int max_waiting)
     : script_(std::move(script)),
       eog_(std::move(eog)),
       step_(step),
@@ -27,7 +27,8 @@ FakeBackend::~FakeBackend() {
   thread_.join();
 }
 
-Status FakeBackend::Submit(serving::GenerationRequest request, std::shared_ptr<serving::GenerationSink> sink) {
+Status FakeBackend::Submit(serving::GenerationRequest request,
+                           std::shared_ptr<serving::GenerationSink> sink) {
   MutexLock lock(&mu_);
   if (fail_next_) {
     Status st = *fail_next_;
@@ -35,7 +36,8 @@ Status FakeBackend::Submit(serving::GenerationRequest request, std::shared_ptr<s
     return st;
   }
   if (draining_) return FailedPrecondition("draining");
-  if (static_cast<int>(waiting_.size()) >= max_waiting_) return ResourceExhausted("waiting queue full");
+  if (static_cast<int>(waiting_.size()) >= max_waiting_)
+    return ResourceExhausted("waiting queue full");
   if (request.prompt_tokens.empty()) return InvalidArgument("empty prompt");
   last_request_ = request;
   Seq s;
@@ -111,7 +113,8 @@ void FakeBackend::Finish(Seq& s, FinishReason reason) {
   info.completion_tokens = static_cast<int>(s.next);
   const Clock::time_point now = Clock::now();
   info.total_seconds = std::chrono::duration<double>(now - s.request.arrival).count();
-  info.ttft_seconds = s.next > 0 ? std::chrono::duration<double>(s.first_token - s.request.arrival).count() : 0;
+  info.ttft_seconds =
+      s.next > 0 ? std::chrono::duration<double>(s.first_token - s.request.arrival).count() : 0;
   s.sink->OnFinish(info);
   MutexLock lock(&mu_);
   ++finished_[static_cast<int>(reason)];
@@ -150,7 +153,8 @@ void FakeBackend::Loop() {
     running_.clear();
     in_step_ = static_cast<int>(step.size());
     step_kv_blocks_ = 0;
-    for (const Seq& s : step) step_kv_blocks_ += static_cast<int>((s.request.prompt_tokens.size() + s.next + 15) / 16);
+    for (const Seq& s : step)
+      step_kv_blocks_ += static_cast<int>((s.request.prompt_tokens.size() + s.next + 15) / 16);
     mu_.Unlock();
     std::list<Seq> keep;
     for (Seq& s : step) {

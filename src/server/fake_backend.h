@@ -22,12 +22,13 @@ class FakeBackend : public serving::GenerationBackend {
   // script: the tokens to emit for a request (ending with an end-of-generation token or not).
   // eog: tokens that finish a request with kStop after being emitted (unless ignore_eos).
   FakeBackend(std::function<std::vector<int32_t>(const serving::GenerationRequest&)> script,
-              std::vector<int32_t> eog, std::chrono::microseconds step = std::chrono::microseconds(500),
-              int max_running = 64, int max_waiting = 64);
+              std::vector<int32_t> eog,
+              std::chrono::microseconds step = std::chrono::microseconds(500), int max_running = 64,
+              int max_waiting = 64);
   ~FakeBackend() override;
 
   Status Submit(serving::GenerationRequest request,
-                         std::shared_ptr<serving::GenerationSink> sink) override TANDEM_EXCLUDES(mu_);
+                std::shared_ptr<serving::GenerationSink> sink) override TANDEM_EXCLUDES(mu_);
   serving::BackendStats Stats() const override TANDEM_EXCLUDES(mu_);
   void Drain(serving::Clock::time_point deadline) override TANDEM_EXCLUDES(mu_);
 

@@ -1,12 +1,11 @@
 #include "server/http_server.h"
 
+#include <httplib.h>
 #include <signal.h>
 
 #include <atomic>
 #include <ctime>
 #include <thread>
-
-#include <httplib.h>
 
 #include "common/http.h"
 #include "common/logging.h"
@@ -65,8 +64,8 @@ class HttpServer::Impl {
     // connection the server is closing at that moment.
     settings.keep_alive_timeout_s = 10;
     settings.keep_alive_max_count = 1000;
-    TANDEM_ASSIGN_OR_RETURN(port_, BindHttpServer(http_, options_.host, options_.port, settings,
-                                                  "the HTTP server"));
+    TANDEM_ASSIGN_OR_RETURN(
+        port_, BindHttpServer(http_, options_.host, options_.port, settings, "the HTTP server"));
     return OkStatus();
   }
 
@@ -171,7 +170,8 @@ void HttpServer::Impl::SetUpRoutes() {
     }
   });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_->Render(backend_->Stats()), "text/plain; version=0.0.4; charset=utf-8");
+    res.set_content(metrics_->Render(backend_->Stats()),
+                    "text/plain; version=0.0.4; charset=utf-8");
   });
 
   // Errors httplib raises itself (unknown route, body too large, unreadable request) get an
@@ -199,17 +199,18 @@ void HttpServer::Impl::SetUpRoutes() {
     SendError(res, e);
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& ex) {
-      what = ex.what();
-    } catch (...) {
-    }
-    log_->error("unhandled exception in a handler: {}", what);
-    SendError(res, {500, "internal error: " + what, "server_error", "", ""});
-  });
+  http_.set_exception_handler(
+      [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& ex) {
+          what = ex.what();
+        } catch (...) {
+        }
+        log_->error("unhandled exception in a handler: {}", what);
+        SendError(res, {500, "internal error: " + what, "server_error", "", ""});
+      });
 }
 
 httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
@@ -218,7 +219,8 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
   if (!options_.api_key.empty()) {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    if (auth.rfind(prefix, 0) != 0 || !ConstantTimeEquals(auth.substr(prefix.size()), options_.api_key)) {
+    if (auth.rfind(prefix, 0) != 0 ||
+        !ConstantTimeEquals(auth.substr(prefix.size()), options_.api_key)) {
       metrics_->CountOutcome(Outcome::kBadRequest);
       SendError(res, {401,
                       auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
@@ -278,11 +280,12 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
                               info.prefill_seconds, std::max(0.0, info.kv_transfer_seconds),
                               std::max(0.0, info.first_decode_seconds));
     }
-    log->info("{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
-              "ttft={:.3f}s{} total={:.3f}s{}{}",
-              id, serving::FinishReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
-              info.completion_tokens, info.queue_seconds, info.ttft_seconds, breakdown,
-              info.total_seconds, info.message.empty() ? "" : " message=", info.message);
+    log->info(
+        "{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
+        "ttft={:.3f}s{} total={:.3f}s{}{}",
+        id, serving::FinishReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
+        info.completion_tokens, info.queue_seconds, info.ttft_seconds, breakdown,
+        info.total_seconds, info.message.empty() ? "" : " message=", info.message);
   };
   auto sink = std::make_shared<RequestSink>(model_.tokenizer, parsed.stop, parsed.ignore_eos,
                                             std::move(on_finish));
@@ -306,19 +309,22 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
   }
 }
 
-void HttpServer::Impl::RespondWhole(const std::shared_ptr<RequestSink>& sink, const ResponseContext& ctx,
-                                    Clock::time_point deadline, httplib::Response& res) {
+void HttpServer::Impl::RespondWhole(const std::shared_ptr<RequestSink>& sink,
+                                    const ResponseContext& ctx, Clock::time_point deadline,
+                                    httplib::Response& res) {
   std::string text;
   const Clock::time_point give_up = deadline + kDeadlineGrace;
   while (true) {
-    RequestSink::Taken t = sink->Wait(std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
+    RequestSink::Taken t =
+        sink->Wait(std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
     text += t.text;
     if (t.finished) {
       const serving::FinishInfo& info = t.info;
       if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
-        res.set_content(CompletionBody(ctx, text, serving::FinishReasonName(info.reason),
-                                       {info.prompt_tokens, info.completion_tokens, info.cached_prompt_tokens}),
-                        kJson);
+        res.set_content(
+            CompletionBody(ctx, text, serving::FinishReasonName(info.reason),
+                           {info.prompt_tokens, info.completion_tokens, info.cached_prompt_tokens}),
+            kJson);
       } else {
         SendError(res, FailureError(info, options_.request_timeout_s));
       }
@@ -346,7 +352,8 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<RequestSink> sink, Response
     double timeout_s;
     bool started = false;
   };
-  auto w = std::make_shared<Writer>(Writer{sink, std::move(ctx), std::move(inflight), options_.request_timeout_s});
+  auto w = std::make_shared<Writer>(
+      Writer{sink, std::move(ctx), std::move(inflight), options_.request_timeout_s});
   res.set_chunked_content_provider(
       "text/event-stream",
       [w](size_t /*offset*/, httplib::DataSink& out) {
@@ -357,14 +364,16 @@ void HttpServer::Impl::RespondStream(std::shared_ptr<RequestSink> sink, Response
         };
         if (!w->started) {
           w->started = true;
-          if (w->ctx.endpoint == Endpoint::kChatCompletions) return send(SseEvent(ChatRoleChunk(w->ctx)));
+          if (w->ctx.endpoint == Endpoint::kChatCompletions)
+            return send(SseEvent(ChatRoleChunk(w->ctx)));
         }
         RequestSink::Taken t = w->sink->Wait(kStreamPoll);
         if (!t.text.empty() && !send(SseEvent(TextChunk(w->ctx, t.text)))) return false;
         if (!t.finished) return true;
         const serving::FinishInfo& info = t.info;
         if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
-          if (!send(SseEvent(FinishChunk(w->ctx, serving::FinishReasonName(info.reason))))) return false;
+          if (!send(SseEvent(FinishChunk(w->ctx, serving::FinishReasonName(info.reason)))))
+            return false;
         } else if (!send(SseEvent(ApiErrorJson(FailureError(info, w->timeout_s))))) {
           return false;
         }
@@ -395,15 +404,18 @@ void HttpServer::Impl::StatusLoop() {
     const serving::BackendStats s = backend_->Stats();
     const Clock::time_point now = Clock::now();
     const bool changed = s.running != last.running || s.waiting != last.waiting ||
-                         s.kv_blocks_used != last.kv_blocks_used || s.generated_tokens != last.generated_tokens;
+                         s.kv_blocks_used != last.kv_blocks_used ||
+                         s.generated_tokens != last.generated_tokens;
     if (changed) {
       const double secs = std::chrono::duration<double>(now - last_time).count();
       const double tok_s = secs > 0 ? (s.generated_tokens - last.generated_tokens) / secs : 0.0;
-      const double kv_pct = s.kv_blocks_total > 0 ? 100.0 * s.kv_blocks_used / s.kv_blocks_total : 0.0;
-      log_->info("status: running={} waiting={} kv_used={:.1f}% ({}/{} blocks) generation={:.1f} tok/s "
-                 "prefix_hit_tokens={}",
-                 s.running, s.waiting, kv_pct, s.kv_blocks_used, s.kv_blocks_total, tok_s,
-                 s.prefix_cache_hit_tokens);
+      const double kv_pct =
+          s.kv_blocks_total > 0 ? 100.0 * s.kv_blocks_used / s.kv_blocks_total : 0.0;
+      log_->info(
+          "status: running={} waiting={} kv_used={:.1f}% ({}/{} blocks) generation={:.1f} tok/s "
+          "prefix_hit_tokens={}",
+          s.running, s.waiting, kv_pct, s.kv_blocks_used, s.kv_blocks_total, tok_s,
+          s.prefix_cache_hit_tokens);
     }
     last = s;
     last_time = now;
@@ -426,7 +438,9 @@ int HttpServer::port() const { return impl_->port(); }
 bool HttpServer::Run() { return impl_->Run(); }
 void HttpServer::BeginDrain() { impl_->BeginDrain(); }
 bool HttpServer::draining() const { return impl_->draining(); }
-bool HttpServer::WaitIdle(std::chrono::steady_clock::time_point deadline) { return impl_->WaitIdle(deadline); }
+bool HttpServer::WaitIdle(std::chrono::steady_clock::time_point deadline) {
+  return impl_->WaitIdle(deadline);
+}
 void HttpServer::Stop() { impl_->Stop(); }
 const ServerMetrics& HttpServer::metrics() const { return impl_->metrics(); }
 

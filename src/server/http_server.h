@@ -29,21 +29,21 @@
 #include "common/status.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
-#include "serving/backend.h"
 #include "server/metrics.h"
+#include "serving/backend.h"
 
 namespace tandem::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                     // 0: any free port (see HttpServer::port())
-  std::string api_key;                 // empty: no authentication
+  int port = 8000;      // 0: any free port (see HttpServer::port())
+  std::string api_key;  // empty: no authentication
   std::string served_model_name = "model";
-  int max_model_len = 2048;            // tokens, prompt + completion
-  double request_timeout_s = 600;      // arrival to finish; then the request fails (timeout)
-  size_t max_body_bytes = 8u << 20;    // larger bodies get 413
-  int http_threads = 64;               // connections served at once (each holds a thread)
-  double status_interval_s = 10;       // the periodic status line; <= 0: none
+  int max_model_len = 2048;          // tokens, prompt + completion
+  double request_timeout_s = 600;    // arrival to finish; then the request fails (timeout)
+  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
+  int http_threads = 64;             // connections served at once (each holds a thread)
+  double status_interval_s = 10;     // the periodic status line; <= 0: none
 };
 
 struct ModelInfo {

@@ -35,8 +35,9 @@ class HttpServerTest : public ::testing::Test {
   void TearDown() override { StopServer(); }
 
   // Starts a backend emitting `script` (default: kReply then EOS) and a server on a free port.
-  void StartServer(ServerOptions options = {}, std::chrono::microseconds step = std::chrono::microseconds(300),
-                   std::function<std::vector<int32_t>(const serving::GenerationRequest&)> script = nullptr) {
+  void StartServer(
+      ServerOptions options = {}, std::chrono::microseconds step = std::chrono::microseconds(300),
+      std::function<std::vector<int32_t>(const serving::GenerationRequest&)> script = nullptr) {
     if (!script) {
       script = [this](const serving::GenerationRequest&) {
         auto ids = reply_ids_;
@@ -44,13 +45,15 @@ class HttpServerTest : public ::testing::Test {
         return ids;
       };
     }
-    backend_ = std::make_unique<testing::FakeBackend>(script, std::vector<int32_t>{tokenizer_->eos_id()}, step);
+    backend_ = std::make_unique<testing::FakeBackend>(
+        script, std::vector<int32_t>{tokenizer_->eos_id()}, step);
     options.host = "127.0.0.1";
     options.port = 0;
     options.served_model_name = "smol";
     options.status_interval_s = 0.2;
     if (options.max_model_len == 2048) options.max_model_len = 512;
-    server_ = std::make_unique<HttpServer>(options, ModelInfo{tokenizer_.get(), &*template_, ""}, backend_.get());
+    server_ = std::make_unique<HttpServer>(options, ModelInfo{tokenizer_.get(), &*template_, ""},
+                                           backend_.get());
     ASSERT_TRUE(server_->Bind().ok());
     thread_ = std::thread([this] { server_->Run(); });
   }
@@ -69,7 +72,8 @@ class HttpServerTest : public ::testing::Test {
     return c;
   }
 
-  httplib::Result Post(const std::string& path, const std::string& body, httplib::Headers headers = {}) {
+  httplib::Result Post(const std::string& path, const std::string& body,
+                       httplib::Headers headers = {}) {
     auto c = Client();
     return c.Post(path.c_str(), headers, body, "application/json");
   }
@@ -92,8 +96,8 @@ class HttpServerTest : public ::testing::Test {
     *status = res ? res->status : -1;
     if (!res) {
       ADD_FAILURE() << "request failed: " << httplib::to_string(res.error()) << " after "
-                    << std::chrono::duration<double>(serving::Clock::now() - t0).count() << " s, got "
-                    << raw.size() << " bytes";
+                    << std::chrono::duration<double>(serving::Clock::now() - t0).count()
+                    << " s, got " << raw.size() << " bytes";
     }
     std::vector<std::string> events;
     size_t pos = 0;
@@ -132,7 +136,8 @@ TEST_F(HttpServerTest, HealthModelsAndMetrics) {
   res = c.Get("/metrics");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
-  EXPECT_NE(res->get_header_value("Content-Type").find("text/plain; version=0.0.4"), std::string::npos);
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/plain; version=0.0.4"),
+            std::string::npos);
   EXPECT_NE(res->body.find("tandem_kv_blocks_free 1000\n"), std::string::npos);
 }
 
@@ -146,7 +151,8 @@ TEST_F(HttpServerTest, ChatNonStreaming) {
   EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
   EXPECT_EQ(j["choices"][0]["message"]["content"], kReply);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
-  const auto prompt = tokenizer_->Encode(template_->Apply({{"user", "Say hello"}}, true), false, true);
+  const auto prompt =
+      tokenizer_->Encode(template_->Apply({{"user", "Say hello"}}, true), false, true);
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(j["usage"]["completion_tokens"], reply_ids_.size() + 1);  // + EOS
   EXPECT_EQ(backend_->last_request().prompt_tokens, prompt);
@@ -155,8 +161,9 @@ TEST_F(HttpServerTest, ChatNonStreaming) {
 
 TEST_F(HttpServerTest, CompletionLengthAndSamplingParams) {
   StartServer();
-  auto res = Post("/v1/completions",
-                  R"({"prompt":"Once upon","max_tokens":3,"temperature":0.7,"top_k":5,"top_p":0.9,"seed":42})");
+  auto res = Post(
+      "/v1/completions",
+      R"({"prompt":"Once upon","max_tokens":3,"temperature":0.7,"top_k":5,"top_p":0.9,"seed":42})");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   const json j = json::parse(res->body);
@@ -203,7 +210,8 @@ TEST_F(HttpServerTest, ChatStreamingWithUsage) {
 TEST_F(HttpServerTest, CompletionStreamingStopStringIsNotEmitted) {
   StartServer();
   int status = 0;
-  auto events = Stream("/v1/completions", R"({"prompt":"x","stream":true,"stop":["is a fake"]})", &status);
+  auto events =
+      Stream("/v1/completions", R"({"prompt":"x","stream":true,"stop":["is a fake"]})", &status);
   EXPECT_EQ(status, 200);
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.back(), "[DONE]");
@@ -231,12 +239,17 @@ TEST_F(HttpServerTest, BadRequestsGetOpenAiErrorsAndServerKeepsServing) {
   };
   const std::vector<Case> cases = {
       {"POST", "/v1/chat/completions", "{not json", 400},
-      {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", 400},
+      {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
+       400},
       {"POST", "/v1/chat/completions", R"({"messages":[]})", 400},
-      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"model":"nope"})", 404},
-      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":100000})", 400},
-      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"n":3})", 400},
-      {"POST", "/v1/completions", R"({"prompt":")" + std::string(3000, 'z') + " " + std::string(3000, 'q') + "\"}", 400},
+      {"POST", "/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"hi"}],"model":"nope"})", 404},
+      {"POST", "/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":100000})", 400},
+      {"POST", "/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"n":3})",
+       400},
+      {"POST", "/v1/completions",
+       R"({"prompt":")" + std::string(3000, 'z') + " " + std::string(3000, 'q') + "\"}", 400},
       {"POST", "/v1/completions", R"({"max_tokens":5})", 400},
       {"POST", "/v1/completions", std::string(2 << 20, ' '), 413},
       {"GET", "/v1/chat/completions", "", 405},
@@ -246,7 +259,8 @@ TEST_F(HttpServerTest, BadRequestsGetOpenAiErrorsAndServerKeepsServing) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.path + " " + c.body.substr(0, 80));
     auto cli = Client();
-    auto res = c.method == "GET" ? cli.Get(c.path.c_str()) : cli.Post(c.path.c_str(), c.body, "application/json");
+    auto res = c.method == "GET" ? cli.Get(c.path.c_str())
+                                 : cli.Post(c.path.c_str(), c.body, "application/json");
     ASSERT_TRUE(res) << httplib::to_string(res.error());
     EXPECT_EQ(res->status, c.status);
     const json j = json::parse(res->body);
@@ -286,7 +300,8 @@ TEST_F(HttpServerTest, BackendRejectionsMapTo429And503) {
   auto res = Post("/v1/chat/completions", kChatBody);
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 429);
-  EXPECT_NE(json::parse(res->body)["error"]["message"].get<std::string>().find("queue full"), std::string::npos);
+  EXPECT_NE(json::parse(res->body)["error"]["message"].get<std::string>().find("queue full"),
+            std::string::npos);
   backend_->FailNextSubmit(OutOfRange("needs more KV blocks than exist"));
   EXPECT_EQ(Post("/v1/chat/completions", kChatBody)->status, 400);
   backend_->FailNextSubmit(FailedPrecondition("draining"));
@@ -296,9 +311,8 @@ TEST_F(HttpServerTest, BackendRejectionsMapTo429And503) {
 
 TEST_F(HttpServerTest, DrainRejectsNewRequestsAndFinishesInFlight) {
   // 300 tokens at 2 ms: a request in flight for ~0.6 s.
-  StartServer({}, std::chrono::milliseconds(2), [](const serving::GenerationRequest&) {
-    return std::vector<int32_t>(300, 330);
-  });
+  StartServer({}, std::chrono::milliseconds(2),
+              [](const serving::GenerationRequest&) { return std::vector<int32_t>(300, 330); });
   std::thread client([&] {
     auto res = Post("/v1/completions", R"({"prompt":"x","max_tokens":300})");
     ASSERT_TRUE(res);
@@ -316,9 +330,8 @@ TEST_F(HttpServerTest, DrainRejectsNewRequestsAndFinishesInFlight) {
 }
 
 TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
-  StartServer({}, std::chrono::milliseconds(1), [](const serving::GenerationRequest&) {
-    return std::vector<int32_t>(100000, 330);
-  });
+  StartServer({}, std::chrono::milliseconds(1),
+              [](const serving::GenerationRequest&) { return std::vector<int32_t>(100000, 330); });
   auto c = Client();
   httplib::Request req;
   req.method = "POST";
@@ -344,15 +357,15 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
 TEST_F(HttpServerTest, RequestTimeout) {
   ServerOptions o;
   o.request_timeout_s = 0.3;
-  StartServer(o, std::chrono::milliseconds(5), [](const serving::GenerationRequest&) {
-    return std::vector<int32_t>(100000, 330);
-  });
+  StartServer(o, std::chrono::milliseconds(5),
+              [](const serving::GenerationRequest&) { return std::vector<int32_t>(100000, 330); });
   auto res = Post("/v1/completions", R"({"prompt":"x","max_tokens":400})");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 504);
   EXPECT_EQ(json::parse(res->body)["error"]["type"], "timeout");
   int status = 0;
-  auto events = Stream("/v1/completions", R"({"prompt":"x","max_tokens":400,"stream":true})", &status);
+  auto events =
+      Stream("/v1/completions", R"({"prompt":"x","max_tokens":400,"stream":true})", &status);
   ASSERT_GE(events.size(), 2u);
   EXPECT_EQ(events.back(), "[DONE]");
   EXPECT_TRUE(json::parse(events[events.size() - 2]).contains("error"));
@@ -368,7 +381,8 @@ std::string Words(int n) {
 TEST_F(HttpServerTest, ConcurrentStreamsEachGetTheirText) {
   StartServer({}, std::chrono::microseconds(200), [this](const serving::GenerationRequest& r) {
     // The reply depends on the prompt, so that mixing streams up would show.
-    auto ids = tokenizer_->Encode("reply to " + std::to_string(r.prompt_tokens.size()) + " tokens", false, false);
+    auto ids = tokenizer_->Encode("reply to " + std::to_string(r.prompt_tokens.size()) + " tokens",
+                                  false, false);
     ids.push_back(tokenizer_->eos_id());
     return ids;
   });
@@ -378,7 +392,8 @@ TEST_F(HttpServerTest, ConcurrentStreamsEachGetTheirText) {
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
       int status = 0;
-      auto events = Stream("/v1/completions", R"({"prompt":")" + Words(i + 1) + R"(","stream":true})", &status);
+      auto events = Stream("/v1/completions",
+                           R"({"prompt":")" + Words(i + 1) + R"(","stream":true})", &status);
       EXPECT_EQ(status, 200) << i;
       for (size_t k = 0; k + 1 < events.size(); ++k) {
         texts[i] += json::parse(events[k])["choices"][0]["text"].get<std::string>();

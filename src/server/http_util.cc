@@ -60,12 +60,8 @@ ApiError SubmitError(const Status& st, Outcome* outcome) {
       e.type = "server_error";
       *outcome = Outcome::kRejected;
       break;
-    case 400:
-      *outcome = Outcome::kBadRequest;
-      break;
-    default:
-      e.type = "server_error";
-      *outcome = Outcome::kError;
+    case 400: *outcome = Outcome::kBadRequest; break;
+    default: e.type = "server_error"; *outcome = Outcome::kError;
   }
   return e;
 }

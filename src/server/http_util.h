@@ -5,9 +5,9 @@
 #include <string>
 
 #include "common/status.h"
-#include "serving/backend.h"
 #include "server/api_error.h"
 #include "server/metrics.h"
+#include "serving/backend.h"
 
 namespace tandem::server {
 
@@ -24,6 +24,5 @@ ApiError SubmitError(const Status& st, Outcome* outcome);
 
 // Compares in time independent of where the strings differ (API keys).
 bool ConstantTimeEquals(const std::string& a, const std::string& b);
-
 
 }  // namespace tandem::server

@@ -1,12 +1,12 @@
 #include "server/http_util.h"
-#include "common/listen_backlog.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
+#include "common/listen_backlog.h"
 
 namespace tandem::server {
 namespace {

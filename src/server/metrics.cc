@@ -44,7 +44,8 @@ std::string PrometheusWriter::EscapeLabel(const std::string& v) {
   return out;
 }
 
-void PrometheusWriter::Header(const std::string& name, const std::string& type, const std::string& help) {
+void PrometheusWriter::Header(const std::string& name, const std::string& type,
+                              const std::string& help) {
   std::string h;
   for (char c : help) {
     if (c == '\\') {
@@ -58,7 +59,8 @@ void PrometheusWriter::Header(const std::string& name, const std::string& type, 
   out_ += "# HELP " + name + " " + h + "\n# TYPE " + name + " " + type + "\n";
 }
 
-void PrometheusWriter::Family(const std::string& name, const std::string& type, const std::string& help,
+void PrometheusWriter::Family(const std::string& name, const std::string& type,
+                              const std::string& help,
                               const std::vector<std::pair<Labels, double>>& samples) {
   Header(name, type, help);
   for (const auto& [labels, value] : samples) {
@@ -113,16 +115,15 @@ ServerMetrics::ServerMetrics()
              10.0, 20.0, 40.0, 80.0}),
       tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
              1.0, 2.5}),
-      e2e_({0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-            60.0, 120.0, 240.0, 480.0, 960.0}),
+      e2e_({0.05, 0.1,  0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,  10.0,
+            15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0}),
       queue_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
               10.0, 20.0, 40.0, 80.0}),
-      ttft_prefill_({0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
-                     20.0, 40.0, 80.0}),
-      ttft_transfer_({0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                      0.25, 0.5, 1.0, 2.5}),
-      first_decode_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
-                     2.5}) {}
+      ttft_prefill_({0.005, 0.01, 0.02, 0.04, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
+                     40.0, 80.0}),
+      ttft_transfer_({0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                      0.5, 1.0, 2.5}),
+      first_decode_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5}) {}
 
 void ServerMetrics::RecordFinished(const serving::FinishInfo& info) {
   prompt_tokens_.fetch_add(info.prompt_tokens);
@@ -149,24 +150,28 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
            "Requests by outcome: success (stop), length, cancelled, error, rejected (429/503), "
            "timeout, bad_request (other 4xx).",
            outcomes);
-  w.Counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests (cached or computed).",
+  w.Counter("tandem_prompt_tokens_total",
+            "Prompt tokens of finished requests (cached or computed).",
             static_cast<double>(prompt_tokens_.load()));
   w.Counter("tandem_generation_tokens_total", "Tokens generated for finished requests.",
             static_cast<double>(generation_tokens_.load()));
   w.Counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
             static_cast<double>(stats.prefix_cache_hit_tokens));
-  w.Counter("tandem_prompt_tokens_computed_total", "Prompt tokens the backend computed (not cached).",
+  w.Counter("tandem_prompt_tokens_computed_total",
+            "Prompt tokens the backend computed (not cached).",
             static_cast<double>(stats.prompt_tokens));
   w.Counter("tandem_preemptions_total", "Sequences preempted for KV capacity.",
             static_cast<double>(stats.preemptions));
-  w.Histogram("tandem_time_to_first_token_seconds", "Arrival to first generated token.", ttft_.Get());
+  w.Histogram("tandem_time_to_first_token_seconds", "Arrival to first generated token.",
+              ttft_.Get());
   w.Histogram("tandem_time_per_output_token_seconds", "Mean time per output token after the first.",
               tpot_.Get());
   w.Histogram("tandem_e2e_request_latency_seconds", "Arrival to finish.", e2e_.Get());
   w.Histogram("tandem_queue_time_seconds", "Arrival to first scheduled.", queue_.Get());
   w.Histogram("tandem_ttft_prefill_seconds",
               "Disaggregated requests: first scheduled on the prefill worker to its first token, "
-              "steps shared with other prompts included.", ttft_prefill_.Get());
+              "steps shared with other prompts included.",
+              ttft_prefill_.Get());
   w.Histogram("tandem_ttft_kv_transfer_seconds",
               "Disaggregated requests: KV still moving after the last layer was computed.",
               ttft_transfer_.Get());

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 namespace tandem::server {
@@ -21,11 +20,13 @@ const char* TypeName(const json& v) {
 }
 
 ApiError WrongType(const std::string& field, const char* expected, const json& v) {
-  return ApiError::BadRequest("'" + field + "' must be " + expected + ", got " + TypeName(v), field);
+  return ApiError::BadRequest("'" + field + "' must be " + expected + ", got " + TypeName(v),
+                              field);
 }
 
 ApiError Unsupported(const std::string& field, const std::string& what) {
-  return ApiError::BadRequest("'" + field + "': " + what + " is not supported by this server", field);
+  return ApiError::BadRequest("'" + field + "': " + what + " is not supported by this server",
+                              field);
 }
 
 // The value of `key` when present and not null, else nullptr.
@@ -69,7 +70,8 @@ std::optional<ApiError> GetInt(const json& body, const char* key, int64_t lo, in
   int64_t value = 0;
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
-    in_range = (lo <= 0 || u >= static_cast<uint64_t>(lo)) && hi >= 0 && u <= static_cast<uint64_t>(hi);
+    in_range =
+        (lo <= 0 || u >= static_cast<uint64_t>(lo)) && hi >= 0 && u <= static_cast<uint64_t>(hi);
     value = in_range ? static_cast<int64_t>(u) : 0;
   } else {
     value = v->get<int64_t>();
@@ -93,8 +95,8 @@ std::optional<ApiError> ParseStop(const json& body, std::vector<std::string>* ou
     stops.push_back(v->get<std::string>());
   } else if (v->is_array()) {
     if (v->size() > 4) {
-      return ApiError::BadRequest("'stop' may hold at most 4 sequences, got " +
-                                      std::to_string(v->size()), "stop");
+      return ApiError::BadRequest(
+          "'stop' may hold at most 4 sequences, got " + std::to_string(v->size()), "stop");
     }
     for (const json& s : *v) {
       if (!s.is_string()) return WrongType("stop", "a string or an array of strings", s);
@@ -104,7 +106,8 @@ std::optional<ApiError> ParseStop(const json& body, std::vector<std::string>* ou
     return WrongType("stop", "a string or an array of strings", *v);
   }
   for (auto& s : stops) {
-    if (s.size() > 1024) return ApiError::BadRequest("'stop' sequences must be at most 1024 bytes", "stop");
+    if (s.size() > 1024)
+      return ApiError::BadRequest("'stop' sequences must be at most 1024 bytes", "stop");
     if (!s.empty()) out->push_back(std::move(s));
   }
   return std::nullopt;
@@ -120,13 +123,16 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return WrongType(where, "an object", m);
     const json* role = Field(m, "role");
-    if (role == nullptr) return ApiError::BadRequest("'" + where + ".role' is required", where + ".role");
+    if (role == nullptr)
+      return ApiError::BadRequest("'" + where + ".role' is required", where + ".role");
     if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant") {
-      return ApiError::BadRequest("'" + where + ".role' must be one of system, developer, user, "
-                                  "assistant; got '" + role->get<std::string>() + "'",
+      return ApiError::BadRequest("'" + where +
+                                      ".role' must be one of system, developer, user, "
+                                      "assistant; got '" +
+                                      role->get<std::string>() + "'",
                                   where + ".role");
     }
     const json* content = Field(m, "content");
@@ -147,8 +153,8 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
           return ApiError::BadRequest("'" + pw + ".type' must be a string", pw + ".type");
         }
         if (type->get<std::string>() != "text") {
-          return Unsupported(pw + ".type", "content of type '" + type->get<std::string>() +
-                                               "' (only 'text')");
+          return Unsupported(pw + ".type",
+                             "content of type '" + type->get<std::string>() + "' (only 'text')");
         }
         const json* t = Field(part, "text");
         if (t == nullptr || !t->is_string()) {
@@ -160,7 +166,8 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     } else {
       return WrongType(where + ".content", "a string or an array of content parts", *content);
     }
-    if (Field(m, "tool_calls") != nullptr) return Unsupported(where + ".tool_calls", "tool calling");
+    if (Field(m, "tool_calls") != nullptr)
+      return Unsupported(where + ".tool_calls", "tool calling");
     out->push_back({std::move(r), std::move(text)});
   }
   return std::nullopt;
@@ -168,9 +175,10 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
 
 std::optional<ApiError> ParseTokenIds(const json& arr, std::vector<int32_t>* out) {
   for (const json& t : arr) {
-    const bool ok = t.is_number_integer() &&
-                    (t.is_number_unsigned() ? t.get<uint64_t>() <= INT32_MAX
-                                            : t.get<int64_t>() >= 0 && t.get<int64_t>() <= INT32_MAX);
+    const bool ok =
+        t.is_number_integer() &&
+        (t.is_number_unsigned() ? t.get<uint64_t>() <= INT32_MAX
+                                : t.get<int64_t>() >= 0 && t.get<int64_t>() <= INT32_MAX);
     if (!ok) {
       return ApiError::BadRequest("'prompt' token ids must be non-negative integers", "prompt");
     }
@@ -217,12 +225,14 @@ std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
   }
   std::optional<double> rep;
   if (auto e = GetNumber(body, "repetition_penalty", 0.0, 10.0, &rep)) return e;
-  if (rep && *rep != 1.0) return Unsupported("repetition_penalty", "a repetition penalty other than 1");
+  if (rep && *rep != 1.0)
+    return Unsupported("repetition_penalty", "a repetition penalty other than 1");
   if (const json* v = Field(body, "logprobs")) {
     if (!(v->is_boolean() && !v->get<bool>())) return Unsupported("logprobs", "logprobs");
   }
   if (const json* v = Field(body, "top_logprobs")) {
-    if (!(v->is_number_integer() && v->get<int64_t>() == 0)) return Unsupported("top_logprobs", "top_logprobs");
+    if (!(v->is_number_integer() && v->get<int64_t>() == 0))
+      return Unsupported("top_logprobs", "top_logprobs");
   }
   bool echo = false;
   if (auto e = GetBool(body, "echo", &echo)) return e;
@@ -276,8 +286,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
       if (m->get<std::string>() != limits.served_model_name) {
         ApiError e;
         e.status = 404;
-        e.message = "The model '" + m->get<std::string>() + "' does not exist; this server serves '" +
-                    limits.served_model_name + "'.";
+        e.message = "The model '" + m->get<std::string>() +
+                    "' does not exist; this server serves '" + limits.served_model_name + "'.";
         e.param = "model";
         e.code = "model_not_found";
         return e;
@@ -295,7 +305,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     std::optional<int64_t> max_tokens;
     std::optional<int64_t> max_completion_tokens;
     if (auto e = GetInt(body, "max_tokens", 1, limits.max_model_len, &max_tokens)) return e;
-    if (auto e = GetInt(body, "max_completion_tokens", 1, limits.max_model_len, &max_completion_tokens)) {
+    if (auto e = GetInt(body, "max_completion_tokens", 1, limits.max_model_len,
+                        &max_completion_tokens)) {
       return e;
     }
     if (max_completion_tokens) {
@@ -310,7 +321,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     d.reset();
     if (auto e = GetNumber(body, "top_p", 0.0, 1.0, &d)) return e;
     if (d) {
-      if (*d <= 0.0) return ApiError::BadRequest("'top_p' must be greater than 0 and at most 1", "top_p");
+      if (*d <= 0.0)
+        return ApiError::BadRequest("'top_p' must be greater than 0 and at most 1", "top_p");
       out->sampling.top_p = static_cast<float>(*d);
     }
     d.reset();
@@ -328,8 +340,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     if (auto e = ParseStop(body, &out->stop)) return e;
     if (auto e = GetBool(body, "stream", &out->stream)) return e;
     if (auto e = GetBool(body, "ignore_eos", &out->ignore_eos)) return e;
-    for (auto [field, target] : {std::pair{"slo_ttft_ms", &out->slo_ttft_ms},
-                                 std::pair{"slo_tbt_ms", &out->slo_tbt_ms}}) {
+    for (auto [field, target] :
+         {std::pair{"slo_ttft_ms", &out->slo_ttft_ms}, std::pair{"slo_tbt_ms", &out->slo_tbt_ms}}) {
       std::optional<double> ms;
       if (auto e = GetNumber(body, field, 0.0, 3.6e6, &ms)) return e;
       if (ms) *target = *ms;
@@ -365,10 +377,10 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
   prompt_tokens->clear();
   if (request.endpoint == Endpoint::kChatCompletions) {
     if (chat_template == nullptr) {
-      return ApiError::BadRequest(
-          "this model has no chat template that tandem supports (" + no_template_reason +
-              "); use /v1/completions with a formatted prompt instead",
-          "messages");
+      return ApiError::BadRequest("this model has no chat template that tandem supports (" +
+                                      no_template_reason +
+                                      "); use /v1/completions with a formatted prompt instead",
+                                  "messages");
     }
     const std::string text = chat_template->Apply(request.messages, /*add_generation_prompt=*/true);
     *prompt_tokens = tokenizer.Encode(text, tokenizer.add_bos(), /*parse_special=*/true);
@@ -377,7 +389,8 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
     for (int32_t id : request.prompt_token_ids) {
       if (id < 0 || id >= vocab) {
         return ApiError::BadRequest("'prompt' token id " + std::to_string(id) +
-                                        " is outside the vocabulary (size " + std::to_string(vocab) + ")",
+                                        " is outside the vocabulary (size " +
+                                        std::to_string(vocab) + ")",
                                     "prompt");
       }
     }
@@ -391,8 +404,9 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
   }
   const int n = static_cast<int>(prompt_tokens->size());
   if (n >= max_model_len) {
-    return ApiError::BadRequest("This model's maximum context length is " + std::to_string(max_model_len) +
-                                    " tokens, but the " + what + " has " + std::to_string(n) +
+    return ApiError::BadRequest("This model's maximum context length is " +
+                                    std::to_string(max_model_len) + " tokens, but the " + what +
+                                    " has " + std::to_string(n) +
                                     " tokens (at least one token must be left for the completion).",
                                 what);
   }
@@ -400,9 +414,11 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
     if (n + *request.max_tokens > max_model_len) {
       return ApiError::BadRequest(
           "This model's maximum context length is " + std::to_string(max_model_len) +
-              " tokens. However, you requested " + std::to_string(n + *request.max_tokens) + " tokens (" +
-              std::to_string(n) + " in the " + what + ", " + std::to_string(*request.max_tokens) +
-              " for the completion). Please reduce the length of the " + what + " or the completion.",
+              " tokens. However, you requested " + std::to_string(n + *request.max_tokens) +
+              " tokens (" + std::to_string(n) + " in the " + what + ", " +
+              std::to_string(*request.max_tokens) +
+              " for the completion). Please reduce the length of the " + what +
+              " or the completion.",
           "max_tokens");
     }
     *max_tokens = *request.max_tokens;

@@ -29,16 +29,16 @@ struct ProtocolLimits {
 
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kChatCompletions;
-  std::string model;                          // the served model name (filled in when absent)
-  std::vector<model::ChatMessage> messages;   // chat: non-empty
-  std::string prompt;                         // completions given as text
-  std::vector<int32_t> prompt_token_ids;      // completions given as token ids (non-empty then)
-  std::optional<int> max_tokens;              // nullopt: up to the context
+  std::string model;                         // the served model name (filled in when absent)
+  std::vector<model::ChatMessage> messages;  // chat: non-empty
+  std::string prompt;                        // completions given as text
+  std::vector<int32_t> prompt_token_ids;     // completions given as token ids (non-empty then)
+  std::optional<int> max_tokens;             // nullopt: up to the context
   engine::SamplingParams sampling;
-  std::vector<std::string> stop;              // at most 4, none empty
+  std::vector<std::string> stop;  // at most 4, none empty
   bool stream = false;
-  bool include_usage = false;                 // stream_options.include_usage
-  bool ignore_eos = false;                    // extension (benchmarks)
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // extension (benchmarks)
   // Extensions: this request's SLOs in milliseconds (0: the server's --slo-ttft-ms/--slo-tbt-ms).
   double slo_ttft_ms = 0;
   double slo_tbt_ms = 0;

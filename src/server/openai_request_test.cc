@@ -36,8 +36,10 @@ const std::vector<BadCase>& BadCases() {
       {kChat, "{", 400, "not valid JSON", ""},
       {kChat, "{\"messages\": [}", 400, "not valid JSON", ""},
       {kChat, "nul", 400, "not valid JSON", ""},
-      {kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "not valid JSON", ""},
-      {kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", 400, "not valid JSON", ""},
+      {kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400,
+       "not valid JSON", ""},
+      {kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}", 400, "not valid JSON",
+       ""},
       {kChat, "[1,2,3]", 400, "must be a JSON object", ""},
       {kChat, "\"text\"", 400, "must be a JSON object", ""},
       {kChat, "{}", 400, "'messages' is required", "messages"},
@@ -45,29 +47,45 @@ const std::vector<BadCase>& BadCases() {
       {kChat, R"({"messages":"hi"})", 400, "'messages' must be an array", "messages"},
       {kChat, R"({"messages":[]})", 400, "must not be empty", "messages"},
       {kChat, R"({"messages":[5]})", 400, "'messages[0]' must be an object", "messages[0]"},
-      {kChat, R"({"messages":[{"content":"hi"}]})", 400, "'messages[0].role' is required", "messages[0].role"},
-      {kChat, R"({"messages":[{"role":7,"content":"hi"}]})", 400, "must be a string", "messages[0].role"},
-      {kChat, R"({"messages":[{"role":"wizard","content":"hi"}]})", 400, "must be one of", "messages[0].role"},
-      {kChat, R"({"messages":[{"role":"tool","content":"hi"}]})", 400, "must be one of", "messages[0].role"},
-      {kChat, R"({"messages":[{"role":"user"}]})", 400, "'messages[0].content' is required", "messages[0].content"},
-      {kChat, R"({"messages":[{"role":"user","content":42}]})", 400, "must be a string or an array", "messages[0].content"},
-      {kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
+      {kChat, R"({"messages":[{"content":"hi"}]})", 400, "'messages[0].role' is required",
+       "messages[0].role"},
+      {kChat, R"({"messages":[{"role":7,"content":"hi"}]})", 400, "must be a string",
+       "messages[0].role"},
+      {kChat, R"({"messages":[{"role":"wizard","content":"hi"}]})", 400, "must be one of",
+       "messages[0].role"},
+      {kChat, R"({"messages":[{"role":"tool","content":"hi"}]})", 400, "must be one of",
+       "messages[0].role"},
+      {kChat, R"({"messages":[{"role":"user"}]})", 400, "'messages[0].content' is required",
+       "messages[0].content"},
+      {kChat, R"({"messages":[{"role":"user","content":42}]})", 400, "must be a string or an array",
+       "messages[0].content"},
+      {kChat,
+       R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
        400, "not supported", "messages[0].content[0].type"},
-      {kChat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", 400, "must be a string",
-       "messages[0].content[0].text"},
-      {kChat, R"({"messages":[{"role":"user","content":["hi"]}]})", 400, "must be an object", "messages[0].content[0]"},
+      {kChat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", 400,
+       "must be a string", "messages[0].content[0].text"},
+      {kChat, R"({"messages":[{"role":"user","content":["hi"]}]})", 400, "must be an object",
+       "messages[0].content[0]"},
       {kChat, Chat(R"(,"model":"gpt-4")"), 404, "does not exist", "model"},
       {kChat, Chat(R"(,"model":5)"), 400, "'model' must be a string", "model"},
-      {kChat, Chat(R"(,"max_tokens":0)"), 400, "'max_tokens' must be between 1 and 100", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":0)"), 400, "'max_tokens' must be between 1 and 100",
+       "max_tokens"},
       {kChat, Chat(R"(,"max_tokens":-5)"), 400, "'max_tokens' must be between", "max_tokens"},
-      {kChat, Chat(R"(,"max_tokens":1000000000000)"), 400, "'max_tokens' must be between", "max_tokens"},
-      {kChat, Chat(R"(,"max_tokens":99999999999999999999999)"), 400, "'max_tokens' must be an integer", "max_tokens"},
-      {kChat, Chat(R"(,"max_tokens":"10")"), 400, "'max_tokens' must be an integer, got a string", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":1000000000000)"), 400, "'max_tokens' must be between",
+       "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":99999999999999999999999)"), 400,
+       "'max_tokens' must be an integer", "max_tokens"},
+      {kChat, Chat(R"(,"max_tokens":"10")"), 400, "'max_tokens' must be an integer, got a string",
+       "max_tokens"},
       {kChat, Chat(R"(,"max_tokens":1.5)"), 400, "'max_tokens' must be an integer", "max_tokens"},
-      {kChat, Chat(R"(,"max_completion_tokens":101)"), 400, "between 1 and 100", "max_completion_tokens"},
-      {kChat, Chat(R"(,"temperature":-0.1)"), 400, "'temperature' must be between 0 and 2", "temperature"},
-      {kChat, Chat(R"(,"temperature":3)"), 400, "'temperature' must be between 0 and 2", "temperature"},
-      {kChat, Chat(R"(,"temperature":"hot")"), 400, "'temperature' must be a number", "temperature"},
+      {kChat, Chat(R"(,"max_completion_tokens":101)"), 400, "between 1 and 100",
+       "max_completion_tokens"},
+      {kChat, Chat(R"(,"temperature":-0.1)"), 400, "'temperature' must be between 0 and 2",
+       "temperature"},
+      {kChat, Chat(R"(,"temperature":3)"), 400, "'temperature' must be between 0 and 2",
+       "temperature"},
+      {kChat, Chat(R"(,"temperature":"hot")"), 400, "'temperature' must be a number",
+       "temperature"},
       {kChat, Chat(R"(,"temperature":true)"), 400, "got a boolean", "temperature"},
       {kChat, Chat(R"(,"top_p":0)"), 400, "'top_p' must be greater than 0", "top_p"},
       {kChat, Chat(R"(,"top_p":1.5)"), 400, "'top_p' must be between", "top_p"},
@@ -80,17 +98,19 @@ const std::vector<BadCase>& BadCases() {
       {kChat, Chat(R"(,"stop":["a","b","c","d","e"])"), 400, "at most 4", "stop"},
       {kChat, Chat(R"(,"stop":["a",1])"), 400, "'stop' must be a string", "stop"},
       {kChat, Chat(R"(,"stream":"yes")"), 400, "'stream' must be a boolean", "stream"},
-      {kChat, Chat(R"(,"stream_options":{"include_usage":true})"), 400, "only allowed when 'stream' is true",
+      {kChat, Chat(R"(,"stream_options":{"include_usage":true})"), 400,
+       "only allowed when 'stream' is true", "stream_options"},
+      {kChat, Chat(R"(,"stream":true,"stream_options":{"include_usage":1})"), 400,
+       "must be a boolean", "stream_options.include_usage"},
+      {kChat, Chat(R"(,"stream":true,"stream_options":[])"), 400, "must be an object",
        "stream_options"},
-      {kChat, Chat(R"(,"stream":true,"stream_options":{"include_usage":1})"), 400, "must be a boolean",
-       "stream_options.include_usage"},
-      {kChat, Chat(R"(,"stream":true,"stream_options":[])"), 400, "must be an object", "stream_options"},
       {kChat, Chat(R"(,"logprobs":true)"), 400, "not supported", "logprobs"},
       {kChat, Chat(R"(,"presence_penalty":0.5)"), 400, "not supported", "presence_penalty"},
       {kChat, Chat(R"(,"frequency_penalty":5)"), 400, "between -2 and 2", "frequency_penalty"},
       {kChat, Chat(R"(,"tools":[{"type":"function"}])"), 400, "tool calling", "tools"},
       {kChat, Chat(R"(,"logit_bias":{"5":10})"), 400, "not supported", "logit_bias"},
-      {kChat, Chat(R"(,"response_format":{"type":"json_object"})"), 400, "not supported", "response_format"},
+      {kChat, Chat(R"(,"response_format":{"type":"json_object"})"), 400, "not supported",
+       "response_format"},
       {kChat, Chat(R"(,"ignore_eos":"no")"), 400, "'ignore_eos' must be a boolean", "ignore_eos"},
       {kChat, Chat(R"(,"user":1)"), 400, "'user' must be a string", "user"},
       {kCmpl, "{}", 400, "'prompt' is required", "prompt"},
@@ -157,7 +177,8 @@ TEST(OpenAiRequestTest, ParsesChatRequest) {
 
 TEST(OpenAiRequestTest, DefaultsAndMissingModel) {
   ParsedRequest r;
-  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"hello","max_tokens":null,"top_k":-1})", Limits(), &r));
+  ASSERT_FALSE(
+      ParseRequest(kCmpl, R"({"prompt":"hello","max_tokens":null,"top_k":-1})", Limits(), &r));
   EXPECT_EQ(r.model, "smol");
   EXPECT_EQ(r.prompt, "hello");
   EXPECT_FALSE(r.max_tokens.has_value());
@@ -238,22 +259,25 @@ TEST_F(BuildPromptTest, CompletionTextIsNotParsedForSpecialTokens) {
 TEST_F(BuildPromptTest, LengthErrorsNameBothLengths) {
   ParsedRequest r;
   const std::string long_prompt(400, 'a');
-  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":")" + std::string(2000, 'x') + " " + long_prompt + "\"}",
-                            Limits(), &r));
+  ASSERT_FALSE(ParseRequest(
+      kCmpl, R"({"prompt":")" + std::string(2000, 'x') + " " + long_prompt + "\"}", Limits(), &r));
   std::vector<int32_t> ids;
   int max_tokens = 0;
   auto e = BuildPrompt(r, *tokenizer_, &*template_, "", 50, &ids, &max_tokens);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->status, 400);
-  EXPECT_NE(e->message.find("maximum context length is 50 tokens"), std::string::npos) << e->message;
-  EXPECT_NE(e->message.find("the prompt has " + std::to_string(ids.size()) + " tokens"), std::string::npos)
+  EXPECT_NE(e->message.find("maximum context length is 50 tokens"), std::string::npos)
+      << e->message;
+  EXPECT_NE(e->message.find("the prompt has " + std::to_string(ids.size()) + " tokens"),
+            std::string::npos)
       << e->message;
 
   ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"Hello there","max_tokens":99})", Limits(), &r));
   e = BuildPrompt(r, *tokenizer_, &*template_, "", 100, &ids, &max_tokens);
   ASSERT_TRUE(e);
   EXPECT_EQ(e->param, "max_tokens");
-  EXPECT_NE(e->message.find("you requested " + std::to_string(ids.size() + 99) + " tokens"), std::string::npos)
+  EXPECT_NE(e->message.find("you requested " + std::to_string(ids.size() + 99) + " tokens"),
+            std::string::npos)
       << e->message;
 }
 

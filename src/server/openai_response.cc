@@ -1,8 +1,7 @@
 #include "server/openai_response.h"
 
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "common/mutex.h"
 
@@ -25,7 +24,8 @@ bool IsChat(const ResponseContext& ctx) { return ctx.endpoint == Endpoint::kChat
 json Envelope(const ResponseContext& ctx, bool chunk) {
   json j;
   j["id"] = ctx.id;
-  j["object"] = IsChat(ctx) ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  j["object"] =
+      IsChat(ctx) ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   j["created"] = ctx.created;
   j["model"] = ctx.model;
   j["system_fingerprint"] = "tandem";
@@ -37,7 +37,8 @@ json FinishValue(const std::string& finish_reason) {
 }
 
 // One streamed choice: chat delta or completion text.
-std::string Chunk(const ResponseContext& ctx, json delta_or_text, const std::string& finish_reason) {
+std::string Chunk(const ResponseContext& ctx, json delta_or_text,
+                  const std::string& finish_reason) {
   json j = Envelope(ctx, /*chunk=*/true);
   json choice = {{"index", 0}};
   if (IsChat(ctx)) {
@@ -107,7 +108,8 @@ std::string TextChunk(const ResponseContext& ctx, const std::string& text) {
 }
 
 std::string FinishChunk(const ResponseContext& ctx, const std::string& finish_reason) {
-  return IsChat(ctx) ? Chunk(ctx, json::object(), finish_reason) : Chunk(ctx, json(""), finish_reason);
+  return IsChat(ctx) ? Chunk(ctx, json::object(), finish_reason)
+                     : Chunk(ctx, json(""), finish_reason);
 }
 
 std::string UsageChunk(const ResponseContext& ctx, const Usage& usage) {

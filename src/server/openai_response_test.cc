@@ -9,7 +9,9 @@ namespace {
 
 using nlohmann::json;
 
-ResponseContext Ctx(Endpoint e, bool include_usage = false) { return {e, "id-1", 1700000000, "smol", include_usage}; }
+ResponseContext Ctx(Endpoint e, bool include_usage = false) {
+  return {e, "id-1", 1700000000, "smol", include_usage};
+}
 
 TEST(OpenAiResponseTest, RequestIdsArePrefixedAndUnique) {
   const std::string a = NewRequestId(Endpoint::kChatCompletions);
@@ -21,7 +23,8 @@ TEST(OpenAiResponseTest, RequestIdsArePrefixedAndUnique) {
 }
 
 TEST(OpenAiResponseTest, ChatCompletionBody) {
-  const json j = json::parse(CompletionBody(Ctx(Endpoint::kChatCompletions), "Hi!", "stop", {10, 3, 4}));
+  const json j =
+      json::parse(CompletionBody(Ctx(Endpoint::kChatCompletions), "Hi!", "stop", {10, 3, 4}));
   EXPECT_EQ(j["id"], "id-1");
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["created"], 1700000000);
@@ -38,7 +41,8 @@ TEST(OpenAiResponseTest, ChatCompletionBody) {
 }
 
 TEST(OpenAiResponseTest, TextCompletionBody) {
-  const json j = json::parse(CompletionBody(Ctx(Endpoint::kCompletions), "abc", "length", {1, 2, 0}));
+  const json j =
+      json::parse(CompletionBody(Ctx(Endpoint::kCompletions), "abc", "length", {1, 2, 0}));
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["choices"][0]["text"], "abc");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");

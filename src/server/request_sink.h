@@ -14,8 +14,8 @@
 
 #include "common/mutex.h"
 #include "model/tokenizer.h"
-#include "serving/backend.h"
 #include "server/stop_matcher.h"
+#include "serving/backend.h"
 
 namespace tandem::server {
 

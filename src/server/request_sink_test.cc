@@ -21,7 +21,9 @@ class RequestSinkTest : public ::testing::Test {
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     tokenizer_ = std::move(*tok);
   }
-  std::vector<int32_t> Ids(const std::string& text) { return tokenizer_->Encode(text, false, false); }
+  std::vector<int32_t> Ids(const std::string& text) {
+    return tokenizer_->Encode(text, false, false);
+  }
 
   // Feeds `ids` (stopping when OnToken says so), finishes with `reason`, returns all text.
   std::string Drive(RequestSink& sink, const std::vector<int32_t>& ids, FinishReason reason,

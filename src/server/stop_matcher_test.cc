@@ -6,7 +6,8 @@ namespace tandem::server {
 namespace {
 
 // Pushes pieces and returns everything emitted (plus the flush when no stop matched).
-std::string Feed(std::vector<std::string> stops, const std::vector<std::string>& pieces, bool* stopped) {
+std::string Feed(std::vector<std::string> stops, const std::vector<std::string>& pieces,
+                 bool* stopped) {
   StopMatcher m(std::move(stops));
   std::string out;
   *stopped = false;

@@ -43,7 +43,7 @@ const char* FinishReasonName(FinishReason r);  // "stop", "length", "cancelled",
 
 struct FinishInfo {
   FinishReason reason = FinishReason::kLength;
-  std::string message;          // for kError / kTimeout
+  std::string message;  // for kError / kTimeout
   int prompt_tokens = 0;
   int completion_tokens = 0;
   int cached_prompt_tokens = 0;  // served from the prefix cache
@@ -70,9 +70,9 @@ class GenerationSink {
 // A backend-specific figure exposed as it is in /metrics (e.g. the disaggregated backend's
 // transfer failures, or workers alive per role).
 struct ExtraMetric {
-  std::string name;                // Prometheus name, "tandem_..."
+  std::string name;  // Prometheus name, "tandem_..."
   std::string help;
-  bool counter = false;            // counter (cumulative) or gauge
+  bool counter = false;  // counter (cumulative) or gauge
   std::vector<std::pair<std::string, std::string>> labels;
   double value = 0;
 };

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
-#include <optional>
 #include <future>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -171,7 +171,8 @@ class LocalBackendImpl final : public LocalBackend {
       if (options_.enable_prefix_cache && prompt.size() > 1) {
         const int max_blocks = static_cast<int>((prompt.size() - 1) / block_tokens_);
         const auto keys = PrefixCache::BlockKeys(
-            std::span(prompt).first(static_cast<size_t>(max_blocks) * block_tokens_), block_tokens_);
+            std::span(prompt).first(static_cast<size_t>(max_blocks) * block_tokens_),
+            block_tokens_);
         r.blocks = prefix_cache_.Match(keys, max_blocks);
         r.cached_blocks = static_cast<int>(r.blocks.size());
       }
@@ -187,7 +188,8 @@ class LocalBackendImpl final : public LocalBackend {
         }
         r.blocks.insert(r.blocks.end(), got->begin(), got->end());
       }
-      if (r.cached_blocks > 0) cache_hit_tokens_.fetch_add(int64_t{r.cached_blocks} * block_tokens_);
+      if (r.cached_blocks > 0)
+        cache_hit_tokens_.fetch_add(int64_t{r.cached_blocks} * block_tokens_);
       reservations_[id] = Reservation{r.blocks, expires};
       return r;
     });
@@ -348,8 +350,7 @@ class LocalBackendImpl final : public LocalBackend {
     const auto now = Clock::now();
     auto expire = [&](auto& list) {
       for (auto& s : list) {
-        if (now >= s->req.deadline)
-          SetFinish(*s, FinishReason::kTimeout, kRequestDeadlinePassed);
+        if (now >= s->req.deadline) SetFinish(*s, FinishReason::kTimeout, kRequestDeadlinePassed);
       }
     };
     expire(running_);
@@ -600,11 +601,11 @@ class LocalBackendImpl final : public LocalBackend {
   std::deque<std::unique_ptr<Sequence>> waiting_;
 
   Mutex mu_;
-  CondVar cv_;                                    // work arrived or stop/drain requested
-  CondVar idle_cv_;                               // the loop went idle
+  CondVar cv_;       // work arrived or stop/drain requested
+  CondVar idle_cv_;  // the loop went idle
   std::vector<std::unique_ptr<Sequence>> inbox_ TANDEM_GUARDED_BY(mu_);
   std::vector<std::function<void()>> commands_ TANDEM_GUARDED_BY(mu_);  // run by the loop thread
-  std::unordered_map<std::string, Reservation> reservations_;  // loop thread only
+  std::unordered_map<std::string, Reservation> reservations_;           // loop thread only
   bool stop_ TANDEM_GUARDED_BY(mu_) = false;
   bool draining_ TANDEM_GUARDED_BY(mu_) = false;
   bool idle_ TANDEM_GUARDED_BY(mu_) = true;

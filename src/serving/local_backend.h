@@ -14,9 +14,9 @@
 namespace tandem::serving {
 
 struct SchedulerOptions {
-  int max_num_seqs = 32;          // running sequences at most
-  int max_batch_tokens = 256;     // tokens per forward step (prefill chunks + decodes)
-  int max_waiting = 256;          // queued requests beyond this get ResourceExhausted (429)
+  int max_num_seqs = 32;       // running sequences at most
+  int max_batch_tokens = 256;  // tokens per forward step (prefill chunks + decodes)
+  int max_waiting = 256;       // queued requests beyond this get ResourceExhausted (429)
   bool enable_prefix_cache = true;
 };
 

@@ -1,13 +1,13 @@
 // The hooks of disaggregation, without processes or sockets: one engine prefills with a
 // KvObserver that copies each layer's KV into blocks reserved on a second engine, which then
 // continues the generation. The result must equal one engine doing everything.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <future>
 #include <mutex>
 #include <set>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "serving/local_backend.h"
 
@@ -96,12 +96,12 @@ Pair MakePair() {
 // Runs one request the disaggregated way; returns every generated token.
 std::vector<int32_t> Handoff(Pair& p, GenerationRequest req, int* cached_prefix = nullptr) {
   const int n_prompt = static_cast<int>(req.prompt_tokens.size());
-  auto reserved = p.decode->ReserveBlocks(req.id, n_prompt + 1,
-                                          Clock::now() + std::chrono::seconds(60));
+  auto reserved =
+      p.decode->ReserveBlocks(req.id, n_prompt + 1, Clock::now() + std::chrono::seconds(60));
   EXPECT_TRUE(reserved.ok()) << reserved.status().ToString();
   if (!reserved.ok()) return {};
-  auto observer = std::make_shared<CopyingObserver>(&p.prefill_engine->kv(),
-                                                    &p.decode_engine->kv(), *reserved);
+  auto observer =
+      std::make_shared<CopyingObserver>(&p.prefill_engine->kv(), &p.decode_engine->kv(), *reserved);
   GenerationRequest first = req;
   first.max_tokens = 1;
   auto prefill_sink = std::make_shared<Collector>();
@@ -146,13 +146,15 @@ TEST(HandoffTest, DisaggregatedEqualsColocatedGreedyAndSeeded) {
   ASSERT_TRUE(p.prefill && p.decode);
   auto colocated_engine = LoadEngine();
   ASSERT_NE(colocated_engine, nullptr);
-  auto colocated = MakeLocalBackend(colocated_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
+  auto colocated =
+      MakeLocalBackend(colocated_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
   std::string long_text;
-  for (int i = 0; i < 12; ++i) long_text += "Paragraph " + std::to_string(i) + " talks about rivers. ";
+  for (int i = 0; i < 12; ++i)
+    long_text += "Paragraph " + std::to_string(i) + " talks about rivers. ";
   const std::vector<std::pair<std::string, float>> cases = {
-      {"Hi", 0.0f},                 // shorter than one block
+      {"Hi", 0.0f},  // shorter than one block
       {"The capital of France is", 0.0f},
-      {long_text, 0.0f},            // several prefill chunks (48-token steps)
+      {long_text, 0.0f},                 // several prefill chunks (48-token steps)
       {long_text + " And seas.", 0.8f},  // sampled: the decode side continues the seed
   };
   int i = 0;
@@ -169,7 +171,8 @@ TEST(HandoffTest, CachedPrefixOnThePrefillSideIsSentToo) {
   Pair p = MakePair();
   ASSERT_TRUE(p.prefill && p.decode);
   std::string text;
-  for (int i = 0; i < 8; ++i) text += "A shared system prompt sentence number " + std::to_string(i) + ". ";
+  for (int i = 0; i < 8; ++i)
+    text += "A shared system prompt sentence number " + std::to_string(i) + ". ";
   const auto a = Request(*p.prefill_engine, "a", text + "Question one?", 6);
   const auto b = Request(*p.prefill_engine, "b", text + "Question two?", 6);
   Handoff(p, a);
@@ -189,8 +192,9 @@ TEST(HandoffTest, ReservationsExpireAreCancelledAndRefuseBadUse) {
   auto r1 = p.decode->ReserveBlocks("x", 100, Clock::now() + std::chrono::milliseconds(200));
   ASSERT_TRUE(r1.ok());
   EXPECT_EQ(r1->size(), 7u);  // ceil(100 / 16)
-  EXPECT_EQ(p.decode->ReserveBlocks("x", 10, Clock::now() + std::chrono::seconds(5)).status().code(),
-            StatusCode::kInvalidArgument);  // the same id twice
+  EXPECT_EQ(
+      p.decode->ReserveBlocks("x", 10, Clock::now() + std::chrono::seconds(5)).status().code(),
+      StatusCode::kInvalidArgument);  // the same id twice
   auto r2 = p.decode->ReserveBlocks("y", 40, Clock::now() + std::chrono::seconds(60));
   ASSERT_TRUE(r2.ok());
   std::set<int32_t> all(r1->begin(), r1->end());

@@ -1,9 +1,9 @@
 #include "serving/local_backend.h"
 
+#include <gtest/gtest.h>
+
 #include <future>
 #include <mutex>
-
-#include <gtest/gtest.h>
 
 namespace tandem::serving {
 namespace {
@@ -98,7 +98,8 @@ TEST(LocalBackendTest, SharedPrefixIsServedFromCacheWithSameOutput) {
   auto e = LoadEngine(4096);
   ASSERT_NE(e, nullptr);
   std::string context;
-  for (int i = 0; i < 20; ++i) context += "Paragraph " + std::to_string(i) + " of the shared manual text. ";
+  for (int i = 0; i < 20; ++i)
+    context += "Paragraph " + std::to_string(i) + " of the shared manual text. ";
   const auto a = Greedy(*e, context + "Question one?", 8);
   const auto b = Greedy(*e, context + "Question two?", 8);
   const auto solo_b = Solo(*e, b);
@@ -127,7 +128,8 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
     reqs.push_back(Greedy(*e, p, 100));
     solo.push_back(Solo(*e, reqs.back()));
   }
-  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .enable_prefix_cache = false});
+  auto backend = MakeLocalBackend(
+      e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .enable_prefix_cache = false});
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (auto& r : reqs) {
     sinks.push_back(std::make_shared<CollectingSink>());
@@ -163,7 +165,8 @@ TEST(LocalBackendTest, CancelTimeoutAndRefusals) {
 
   auto empty = Greedy(*e, "x", 5);
   empty.prompt_tokens.clear();
-  EXPECT_EQ(backend->Submit(empty, std::make_shared<CollectingSink>()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->Submit(empty, std::make_shared<CollectingSink>()).code(),
+            StatusCode::kInvalidArgument);
   auto huge = Greedy(*e, "x", 5);
   huge.prompt_tokens.assign(3000, 100);  // more than the 2048-token KV cache
   const Status too_long = backend->Submit(huge, std::make_shared<CollectingSink>());

@@ -6,9 +6,10 @@ namespace tandem::serving {
 namespace {
 
 std::unique_ptr<engine::PagedKvCache> SmallKv(int blocks) {
-  return std::move(engine::PagedKvCache::Create({.n_layers = 1, .n_kv_heads = 1, .head_dim = 8,
-                                                 .block_tokens = 4, .num_blocks = blocks})
-                       .value());
+  return std::move(
+      engine::PagedKvCache::Create(
+          {.n_layers = 1, .n_kv_heads = 1, .head_dim = 8, .block_tokens = 4, .num_blocks = blocks})
+          .value());
 }
 
 TEST(PrefixCacheTest, KeysChainOverWholeBlocks) {

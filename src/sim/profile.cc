@@ -1,9 +1,8 @@
 #include "sim/profile.h"
 
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace tandem::sim {
 namespace {
@@ -76,10 +75,11 @@ Status CheckHardware(const HardwareSpec& h) {
 }
 
 Status CheckInstance(const InstanceProfile& p) {
-  if (!p.cost.valid()) return InvalidArgument("profile: the cost model has no prefill or decode time");
+  if (!p.cost.valid())
+    return InvalidArgument("profile: the cost model has no prefill or decode time");
   if (p.block_tokens <= 0 || p.max_batch_tokens <= 0 || p.kv_capacity_tokens < p.block_tokens ||
-      p.prefix_cache_tokens < 0 || p.max_num_seqs < 0 || p.kv_bytes_per_token < 0 || p.layers <= 0 ||
-      p.link_bytes_per_s <= 0 || p.link_latency_s < 0 || p.ttft_overhead_s < 0 ||
+      p.prefix_cache_tokens < 0 || p.max_num_seqs < 0 || p.kv_bytes_per_token < 0 ||
+      p.layers <= 0 || p.link_bytes_per_s <= 0 || p.link_latency_s < 0 || p.ttft_overhead_s < 0 ||
       p.step_overhead_s < 0) {
     return InvalidArgument(
         "profile: block_tokens, max_batch_tokens, layers and link_bytes_per_s must be > 0, "
@@ -115,12 +115,12 @@ InstanceProfile Roofline(const ModelShape& m, const HardwareSpec& hw) {
   if (hw.gpus > 1 && hw.allreduce_bytes_per_s > 0) {
     // Two all-reduces of one activation (hidden values of 2 bytes) per layer; a ring moves
     // 2(G-1)/G of the buffer through each GPU's link.
-    allreduce_per_token = 2.0 * m.layers * m.hidden * 2.0 * 2.0 * (g - 1) / g / hw.allreduce_bytes_per_s;
+    allreduce_per_token =
+        2.0 * m.layers * m.hidden * 2.0 * 2.0 * (g - 1) / g / hw.allreduce_bytes_per_s;
   }
   c.prefill_base_s = hw.launch_overhead_s;
   c.prefill_per_token_s = 2.0 * m.LayerParams() / (flops * hw.prefill_mfu) + allreduce_per_token;
-  c.prefill_attention_s =
-      4.0 * m.layers * m.heads * m.head_dim / (flops * hw.attention_mfu);
+  c.prefill_attention_s = 4.0 * m.layers * m.heads * m.head_dim / (flops * hw.attention_mfu);
   c.decode_base_s = weight_bytes / (bandwidth * hw.decode_mbu) + hw.launch_overhead_s;
   c.decode_per_seq_s =
       2.0 * (m.LayerParams() + static_cast<double>(m.vocab) * m.hidden) / (flops * hw.decode_mfu) +

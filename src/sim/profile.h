@@ -42,19 +42,19 @@ struct ModelShape {
 struct HardwareSpec {
   std::string name;
   int gpus = 1;
-  double peak_flops = 0;          // per GPU, dense BF16 (FLOP/s)
-  double memory_bytes_per_s = 0;  // per GPU, HBM bandwidth
-  double memory_bytes = 0;        // per GPU, HBM capacity
+  double peak_flops = 0;             // per GPU, dense BF16 (FLOP/s)
+  double memory_bytes_per_s = 0;     // per GPU, HBM bandwidth
+  double memory_bytes = 0;           // per GPU, HBM capacity
   double allreduce_bytes_per_s = 0;  // per GPU, tensor-parallel interconnect (NVLink)
   // Achieved fractions of the peaks (the stated efficiencies).
-  double prefill_mfu = 0.5;       // linear layers in prefill
-  double attention_mfu = 0.35;    // attention scores and values in prefill
-  double decode_mbu = 0.7;        // memory bandwidth reached by a decode step
-  double decode_mfu = 0.3;        // compute of the per-sequence part of a decode step
-  double launch_overhead_s = 0.004;  // per forward pass: launches, synchronisation, sampling
+  double prefill_mfu = 0.5;               // linear layers in prefill
+  double attention_mfu = 0.35;            // attention scores and values in prefill
+  double decode_mbu = 0.7;                // memory bandwidth reached by a decode step
+  double decode_mfu = 0.3;                // compute of the per-sequence part of a decode step
+  double launch_overhead_s = 0.004;       // per forward pass: launches, synchronisation, sampling
   double memory_reserved_fraction = 0.1;  // HBM kept for activations and the runtime
-  double host_cache_bytes = 0;    // node DRAM lent to the prefix cache
-  double network_bytes_per_s = 0; // per node, to other nodes (KV transfer)
+  double host_cache_bytes = 0;            // node DRAM lent to the prefix cache
+  double network_bytes_per_s = 0;         // per node, to other nodes (KV transfer)
   double network_latency_s = 0;
 };
 
@@ -75,7 +75,7 @@ struct InstanceProfile {
   // (sampling, streaming, the serving loop).
   double ttft_overhead_s = 0;
   double step_overhead_s = 0;
-  std::string description;          // where the figures come from
+  std::string description;  // where the figures come from
 
   int64_t KvBlocks() const { return kv_capacity_tokens / block_tokens; }
   int64_t PrefixCacheBlocks() const { return prefix_cache_tokens / block_tokens; }

@@ -1,9 +1,9 @@
 #include "sim/profile.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace tandem::sim {
 namespace {
@@ -96,14 +96,17 @@ TEST(ParseProfile, BadInputIsAClearError) {
   // A measured cost model with no KV memory.
   EXPECT_EQ(ParseProfile(R"({"cost": {"prefill_base_s": 0, "prefill_per_token_s": 1e-4,
       "prefill_attention_s": 0, "decode_base_s": 0.01, "decode_per_seq_s": 0,
-      "decode_per_context_token_s": 0}})").status().code(), StatusCode::kInvalidArgument);
+      "decode_per_context_token_s": 0}})")
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(LoadProfile, CheckedInProfilesLoad) {
   const char* src = std::getenv("TANDEM_SOURCE_DIR");
   if (src == nullptr) GTEST_SKIP() << "TANDEM_SOURCE_DIR is not set";
-  for (const char* name : {"llama3-70b-8xa800.json", "llama3-70b-8xh200.json",
-                           "smollm2-135m-cpu-1t.json"}) {
+  for (const char* name :
+       {"llama3-70b-8xa800.json", "llama3-70b-8xh200.json", "smollm2-135m-cpu-1t.json"}) {
     auto p = LoadProfile(std::string(src) + "/profiles/" + name);
     ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
     EXPECT_TRUE(p->cost.valid()) << name;

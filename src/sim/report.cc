@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 namespace tandem::sim {
@@ -23,13 +22,13 @@ double Percentile(const std::vector<double>& sorted, double q) {
 
 json Stats(std::vector<double> v) {
   if (v.empty()) {
-    return {{"count", 0}, {"mean", nullptr}, {"p50", nullptr}, {"p90", nullptr},
-            {"p99", nullptr}, {"min", nullptr}, {"max", nullptr}};
+    return {{"count", 0},     {"mean", nullptr}, {"p50", nullptr}, {"p90", nullptr},
+            {"p99", nullptr}, {"min", nullptr},  {"max", nullptr}};
   }
   std::sort(v.begin(), v.end());
   double sum = 0;
   for (double x : v) sum += x;
-  return {{"count", v.size()}, {"mean", sum / v.size()}, {"p50", Percentile(v, 50)},
+  return {{"count", v.size()},        {"mean", sum / v.size()},   {"p50", Percentile(v, 50)},
           {"p90", Percentile(v, 90)}, {"p99", Percentile(v, 99)}, {"min", v.front()},
           {"max", v.back()}};
 }
@@ -78,9 +77,12 @@ json Record(const RequestRecord& r, double slo_ttft_s, double slo_tbt_s) {
             {"waited_for_kv", r.waited_for_kv},
             {"predicted_ttft_ms", r.predicted_ttft_s * 1000.0},
             {"predicted_tbt_ms", r.predicted_tbt_s * 1000.0},
-            {"ttft_breakdown_ms", {{"kv_wait", r.kv_wait_s * 1000.0}, {"hold", r.hold_s * 1000.0},
-                                   {"queue", r.queue_s * 1000.0}, {"prefill", r.prefill_s * 1000.0},
-                                   {"transfer", r.transfer_s * 1000.0}}}};
+            {"ttft_breakdown_ms",
+             {{"kv_wait", r.kv_wait_s * 1000.0},
+              {"hold", r.hold_s * 1000.0},
+              {"queue", r.queue_s * 1000.0},
+              {"prefill", r.prefill_s * 1000.0},
+              {"transfer", r.transfer_s * 1000.0}}}};
   json gaps = json::array();
   for (float g : r.gaps_s) gaps.push_back(g * 1000.0);
   j["itl_ms"] = std::move(gaps);
@@ -165,15 +167,16 @@ json Summary(const SimResult& res, double slo_ttft_s, double slo_tbt_s) {
   for (int k = 0; k < 3; ++k) {
     if (count[k] > 0) util[names[k]] = busy[k] / (count[k] * dur);
   }
-  s["simulation"] = {{"events", res.events},
-                     {"placements", res.placements},
-                     {"kv_waits", res.kv_waits},
-                     {"local_prefills", res.local_prefills},
-                     {"prefix_cache_hit_share",
-                      cached + computed > 0 ? static_cast<double>(cached) / (cached + computed) : 0.0},
-                     {"kv_overflow_blocks", overflow},
-                     {"utilisation", util},
-                     {"wall_s", res.wall_s}};
+  s["simulation"] = {
+      {"events", res.events},
+      {"placements", res.placements},
+      {"kv_waits", res.kv_waits},
+      {"local_prefills", res.local_prefills},
+      {"prefix_cache_hit_share",
+       cached + computed > 0 ? static_cast<double>(cached) / (cached + computed) : 0.0},
+      {"kv_overflow_blocks", overflow},
+      {"utilisation", util},
+      {"wall_s", res.wall_s}};
   return s;
 }
 

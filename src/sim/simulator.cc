@@ -18,8 +18,8 @@ namespace tandem::sim {
 namespace {
 
 using conductor::AdmissionPolicy;
-using conductor::ClusterView;
 using conductor::Clock;
+using conductor::ClusterView;
 using conductor::Placement;
 using conductor::WorkerRole;
 
@@ -89,7 +89,7 @@ struct Event {
   double t;
   uint64_t order;  // ties: first scheduled first
   EventKind kind;
-  int id;          // request index or instance index
+  int id;  // request index or instance index
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : order > o.order; }
 };
 
@@ -99,12 +99,12 @@ struct Req {
   double deadline = 0;
   Placement placement;
   std::string decode_name, prefill_name;
-  int decode = -1, prefill = -1;     // instance indices (prefill -1: local)
+  int decode = -1, prefill = -1;  // instance indices (prefill -1: local)
   double committed_at = 0;
   bool dispatched = false, done = false, waiting_kv = false, waited_kv = false;
-  int64_t reserved_blocks = 0;       // on the decode instance
-  int64_t decode_hit_tokens = 0;     // prompt tokens its decode instance held already
-  int64_t local_done = 0;            // local prefill: prompt tokens computed so far
+  int64_t reserved_blocks = 0;    // on the decode instance
+  int64_t decode_hit_tokens = 0;  // prompt tokens its decode instance held already
+  int64_t local_done = 0;         // local prefill: prompt tokens computed so far
   double dispatched_at = 0, prefill_started = 0, prefill_compute_s = 0, transfer_s = 0;
   double first_token_at = -1, last_token_at = 0;
   int emitted = 0;
@@ -118,14 +118,14 @@ struct Instance {
   ClusterView::Worker* view = nullptr;
   std::unique_ptr<PrefixCache> cache;
   // Prefill side.
-  std::deque<int> queue;              // requests waiting, in arrival order
+  std::deque<int> queue;  // requests waiting, in arrival order
   int running = -1;
   double nic_free_at = 0;
   // Decode side.
   std::vector<int> batch, joining;
-  std::deque<int> local;              // prompts computed here, in order
+  std::deque<int> local;                             // prompts computed here, in order
   std::vector<std::pair<int, int64_t>> step_chunks;  // this step's prompt chunks
-  std::vector<int> pending_reservations;  // answered when the current step ends
+  std::vector<int> pending_reservations;             // answered when the current step ends
   bool stepping = false;
   int64_t total_blocks = 0, used_blocks = 0;
   InstanceRecord rec;
@@ -144,7 +144,7 @@ class Simulation {
         inst->role = role;
         ClusterView::Worker& w = view_.workers()[inst->name];
         w.info.name = inst->name;
-        w.info.role = role == WorkerRole::kPrefill   ? cluster::Role::kPrefill
+        w.info.role = role == WorkerRole::kPrefill  ? cluster::Role::kPrefill
                       : role == WorkerRole::kDecode ? cluster::Role::kDecode
                                                     : cluster::Role::kMixed;
         w.info.block_tokens = bt_;
@@ -194,11 +194,12 @@ class Simulation {
       // The run lasts until its last event that still concerns a request (a deadline timer of
       // a request long served, or a turn check of one dispatched since, does not).
       const Req* about = e.kind == EventKind::kWaitDeadline || e.kind == EventKind::kCheckTurn
-                             ? &reqs_[e.id] : nullptr;
-      const bool stale = about != nullptr &&
-                         (about->done || (e.kind == EventKind::kWaitDeadline ? !about->waiting_kv
-                                                                            : about->dispatched ||
-                                                                                  about->waiting_kv));
+                             ? &reqs_[e.id]
+                             : nullptr;
+      const bool stale =
+          about != nullptr && (about->done || (e.kind == EventKind::kWaitDeadline
+                                                   ? !about->waiting_kv
+                                                   : about->dispatched || about->waiting_kv));
       if (!stale) end_ = now_;
       if (now_ - last_expiry >= 1.0) {
         for (auto& inst : instances_) ClusterView::ExpirePlacedKeys(inst->view, TimeAt(now_));
@@ -241,9 +242,7 @@ class Simulation {
   void Push(double t, EventKind kind, int id) { events_.push({t, order_++, kind, id}); }
 
   // The factor on one engine step: the engines' slowdown, times the noise.
-  double Noise() {
-    return o_.engine_scale * (o_.engine_noise > 0 ? std::exp(noise_(rng_)) : 1.0);
-  }
+  double Noise() { return o_.engine_scale * (o_.engine_noise > 0 ? std::exp(noise_(rng_)) : 1.0); }
 
   void AddBusy(Instance& inst, double from, double to) {
     if (to <= from) return;
@@ -361,8 +360,8 @@ class Simulation {
       bool may_fit = false;
       for (const Instance* d : freed) {
         const int64_t hit = LeadingHeld(r.load.keys, MaxHitBlocks(r), d->view->reported_keys);
-        const int need = conductor::DecodeBlocksNeeded(r.load.prompt_tokens,
-                                                       static_cast<int>(hit * bt_), bt_);
+        const int need =
+            conductor::DecodeBlocksNeeded(r.load.prompt_tokens, static_cast<int>(hit * bt_), bt_);
         if (need <= ClusterView::FreeBlocks(*d->view)) {
           may_fit = true;
           break;
@@ -411,8 +410,8 @@ class Simulation {
       return;
     }
     Instance& d = *instances_[r.decode];
-    const int need = conductor::DecodeBlocksNeeded(r.load.prompt_tokens,
-                                                   r.placement.decode_cached_tokens, bt_);
+    const int need =
+        conductor::DecodeBlocksNeeded(r.load.prompt_tokens, r.placement.decode_cached_tokens, bt_);
     if (!view_.Dispatch(r.load.seq, r.decode_name, r.prefill_name, need, TimeAt(now_))) {
       view_.Release(r.load.seq, r.decode_name, r.prefill_name);
       EnterKvWait(i);
@@ -533,8 +532,8 @@ class Simulation {
     // Layer-wise push: each layer's KV leaves as soon as it is computed; the link is shared
     // by this instance's transfers in order.
     const InstanceProfile& prof = o_.profile;
-    const double bytes = static_cast<double>(r.load.prompt_tokens - r.decode_hit_tokens) *
-                         prof.kv_bytes_per_token;
+    const double bytes =
+        static_cast<double>(r.load.prompt_tokens - r.decode_hit_tokens) * prof.kv_bytes_per_token;
     const double all_s = bytes / prof.link_bytes_per_s;
     const double start = std::max(r.prefill_started, p.nic_free_at);
     const double end = std::max(now_ + all_s / prof.layers, start + all_s);
@@ -571,10 +570,11 @@ class Simulation {
   void Kick(Instance& d) {
     if (d.stepping || (d.batch.empty() && d.joining.empty() && d.local.empty())) return;
     // Sequences join up to max_num_seqs; the rest wait for a place (in order).
-    const size_t cap = o_.profile.max_num_seqs > 0 ? static_cast<size_t>(o_.profile.max_num_seqs)
-                                                   : SIZE_MAX;
+    const size_t cap =
+        o_.profile.max_num_seqs > 0 ? static_cast<size_t>(o_.profile.max_num_seqs) : SIZE_MAX;
     size_t joined = 0;
-    while (joined < d.joining.size() && d.batch.size() < cap) d.batch.push_back(d.joining[joined++]);
+    while (joined < d.joining.size() && d.batch.size() < cap)
+      d.batch.push_back(d.joining[joined++]);
     d.joining.erase(d.joining.begin(), d.joining.begin() + joined);
     const conductor::CostModel& c = o_.profile.cost;
     const int64_t batch = static_cast<int64_t>(d.batch.size());
@@ -700,7 +700,8 @@ class Simulation {
     if (deadline_hit) rec.error = "deadline";
     // The conductor learns from what it measured (conductor.cc's Finish).
     expected_output_ = 0.9 * expected_output_ + 0.1 * r.emitted;
-    if (rec.mean_gap_s > 0) view_.DecodeMeasured(r.decode_name, r.placement.predicted_tbt_s, rec.mean_gap_s);
+    if (rec.mean_gap_s > 0)
+      view_.DecodeMeasured(r.decode_name, r.placement.predicted_tbt_s, rec.mean_gap_s);
     if (r.prefill >= 0) {
       view_.PrefillMeasured(r.prefill_name, r.load.prompt_tokens - r.rec.cached_tokens,
                             r.rec.cached_tokens, r.prefill_compute_s);

@@ -44,19 +44,19 @@ namespace tandem::sim {
 struct SimOptions {
   int prefill_instances = 1;
   int decode_instances = 1;
-  int mixed_instances = 0;         // colocated instances (prefill and decode on one engine)
-  InstanceProfile profile;         // every instance alike
+  int mixed_instances = 0;                // colocated instances (prefill and decode on one engine)
+  InstanceProfile profile;                // every instance alike
   conductor::PlacementOptions placement;  // policy, admission, local prefill
-  double slo_ttft_s = 0;           // 0: none
-  double slo_tbt_s = 0;            // 0: none
-  double deadline_s = 600;         // per request, from its arrival
-  double replace_interval_s = 0;   // > 0: a held request is placed again this often
-  double engine_noise = 0;         // sigma of a log-normal factor on every step time
-  double predicted_scale = 1.0;    // the conductor's cost models = the profile's x this
-  double engine_scale = 1.0;       // the engines' true step times = the profile's x this (an
-                                   // engine slowed by neighbours on its cores)
+  double slo_ttft_s = 0;                  // 0: none
+  double slo_tbt_s = 0;                   // 0: none
+  double deadline_s = 600;                // per request, from its arrival
+  double replace_interval_s = 0;          // > 0: a held request is placed again this often
+  double engine_noise = 0;                // sigma of a log-normal factor on every step time
+  double predicted_scale = 1.0;           // the conductor's cost models = the profile's x this
+  double engine_scale = 1.0;              // the engines' true step times = the profile's x this (an
+                                          // engine slowed by neighbours on its cores)
   double utilisation_interval_s = 10;
-  bool keep_gaps = false;          // keep every request's token gaps in its record
+  bool keep_gaps = false;  // keep every request's token gaps in its record
   uint64_t seed = 1;
 };
 
@@ -65,16 +65,16 @@ struct RequestRecord {
   double arrival_s = 0;
   int input_tokens = 0;
   int requested_output_tokens = 0;
-  int output_tokens = 0;           // generated (the first included)
+  int output_tokens = 0;  // generated (the first included)
   bool ok = false;
-  int status = 0;                  // 200, 429 (rejected), 503 (no worker), 504 (deadline)
-  std::string error;               // reason code when not ok
+  int status = 0;     // 200, 429 (rejected), 503 (no worker), 504 (deadline)
+  std::string error;  // reason code when not ok
   double ttft_s = 0, e2e_s = 0;
-  double tbt_s = -1;               // mean of the slowest 10% of gaps; -1 without gaps
-  double tpot_s = -1;              // (e2e - ttft) / (output - 1); -1 for one token
+  double tbt_s = -1;   // mean of the slowest 10% of gaps; -1 without gaps
+  double tpot_s = -1;  // (e2e - ttft) / (output - 1); -1 for one token
   double mean_gap_s = 0;
-  int cached_tokens = 0;           // prompt tokens its prefill did not compute
-  std::string prefill, decode;     // instance names (prefill empty: local)
+  int cached_tokens = 0;        // prompt tokens its prefill did not compute
+  std::string prefill, decode;  // instance names (prefill empty: local)
   bool local = false;
   bool waited_for_kv = false;
   double predicted_ttft_s = 0, predicted_tbt_s = 0;
@@ -82,7 +82,7 @@ struct RequestRecord {
   // held by the conductor until its prefill turn, queued on the prefill instance, computing,
   // and the KV transfer's tail.
   double kv_wait_s = 0, hold_s = 0, queue_s = 0, prefill_s = 0, transfer_s = 0;
-  std::vector<float> gaps_s;       // with keep_gaps
+  std::vector<float> gaps_s;  // with keep_gaps
 };
 
 struct InstanceRecord {
@@ -100,14 +100,14 @@ struct InstanceRecord {
 struct SimResult {
   std::vector<RequestRecord> requests;  // by index
   std::vector<InstanceRecord> instances;
-  std::vector<float> gaps_s;       // every token gap, pooled (for ITL statistics)
-  double duration_s = 0;           // first arrival to the last event
+  std::vector<float> gaps_s;  // every token gap, pooled (for ITL statistics)
+  double duration_s = 0;      // first arrival to the last event
   double utilisation_interval_s = 0;
   int64_t events = 0;
-  int64_t placements = 0;          // calls of the policy
-  int64_t kv_waits = 0;            // requests that waited for KV room
+  int64_t placements = 0;  // calls of the policy
+  int64_t kv_waits = 0;    // requests that waited for KV room
   int64_t local_prefills = 0;
-  double wall_s = 0;               // host time the simulation took
+  double wall_s = 0;  // host time the simulation took
 };
 
 StatusOr<SimResult> Simulate(const std::vector<SimRequest>& workload, const SimOptions& options);

@@ -1,11 +1,11 @@
 #include "sim/simulator.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
-#include <numeric>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "sim/report.h"
 
@@ -259,8 +259,8 @@ TEST(Simulate, AChunkAndTheDecodesShareOnePass) {
   const auto& c = o.profile.cost;
   // The step with request 1's chunk: per-sequence and context terms of the decode (context of
   // request 0 between 10 and 50 tokens), the chunk's matmuls and its attention.
-  const double fused = c.decode_per_seq_s + c.prefill_per_token_s * 200 +
-                       c.prefill_attention_s * 200 * 100;
+  const double fused =
+      c.decode_per_seq_s + c.prefill_per_token_s * 200 + c.prefill_attention_s * 200 * 100;
   EXPECT_NEAR(slowest, fused + 30e-6, 25e-6);
 }
 
@@ -320,7 +320,8 @@ TEST(Simulate, BadOptionsAreClearErrors) {
   SimOptions o = Options(1, 1);
   o.profile.kv_capacity_tokens = 0;
   EXPECT_EQ(Simulate(w, o).status().code(), StatusCode::kInvalidArgument);
-  const std::vector<SimRequest> unordered = {Request(0, 1.0, 100, 2, 1), Request(1, 0.0, 100, 2, 2)};
+  const std::vector<SimRequest> unordered = {Request(0, 1.0, 100, 2, 1),
+                                             Request(1, 0.0, 100, 2, 2)};
   EXPECT_EQ(Simulate(unordered, Options(1, 1)).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -346,8 +347,8 @@ TEST(Report, SummaryCountsAndPercentiles) {
   EXPECT_EQ(s["rejected"], 1);
   EXPECT_DOUBLE_EQ(s["ttft_ms"]["p50"].get<double>(), 250.0);  // between 200 and 300
   EXPECT_NEAR(s["ttft_ms"]["p90"].get<double>(), 370.0, 1e-9);
-  EXPECT_EQ(s["met_all_slos"], 2);                            // TTFT 100 and 200 ms
-  EXPECT_DOUBLE_EQ(s["slo_attainment"].get<double>(), 0.4);   // the rejected one is a miss
+  EXPECT_EQ(s["met_all_slos"], 2);                           // TTFT 100 and 200 ms
+  EXPECT_DOUBLE_EQ(s["slo_attainment"].get<double>(), 0.4);  // the rejected one is a miss
   EXPECT_DOUBLE_EQ(s["goodput_rps"].get<double>(), 0.2);
 }
 

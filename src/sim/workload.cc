@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace tandem::sim {
 namespace {
@@ -71,8 +70,9 @@ StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path, const Trace
     r.keys = ChainKeys(ids);
     out.push_back(std::move(r));
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
+  std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) {
+    return a.arrival_s < b.arrival_s;
+  });
   for (size_t i = 0; i < out.size(); ++i) out[i].index = static_cast<int>(i);
   return out;
 }
@@ -92,14 +92,18 @@ std::vector<SimRequest> Synthetic(const SyntheticOptions& o) {
     r.index = i;
     r.arrival_s = t;
     t += gap(rng);
-    r.input_tokens = std::max(1, static_cast<int>(std::lround(o.input_tokens * (1 + o.range * unit(rng)))));
-    r.output_tokens = std::max(1, static_cast<int>(std::lround(o.output_tokens * (1 + o.range * unit(rng)))));
+    r.input_tokens =
+        std::max(1, static_cast<int>(std::lround(o.input_tokens * (1 + o.range * unit(rng)))));
+    r.output_tokens =
+        std::max(1, static_cast<int>(std::lround(o.output_tokens * (1 + o.range * unit(rng)))));
     // Shared blocks: ids (group, block); the rest unique.
     const int blocks = (r.input_tokens + bt - 1) / bt;
-    const int shared = static_cast<int>(std::clamp(o.shared_prefix, 0.0, 1.0) * r.input_tokens) / bt;
+    const int shared =
+        static_cast<int>(std::clamp(o.shared_prefix, 0.0, 1.0) * r.input_tokens) / bt;
     const uint64_t g = static_cast<uint64_t>(group(rng));
     std::vector<uint64_t> ids;
-    for (int b = 0; b < blocks; ++b) ids.push_back(b < shared ? (g << 32) | static_cast<uint64_t>(b) : next_id++);
+    for (int b = 0; b < blocks; ++b)
+      ids.push_back(b < shared ? (g << 32) | static_cast<uint64_t>(b) : next_id++);
     r.keys = ChainKeys(ids);
     out.push_back(std::move(r));
   }

@@ -12,18 +12,18 @@
 namespace tandem::sim {
 
 struct SimRequest {
-  int index = 0;              // position in the workload
-  double arrival_s = 0;       // from the start of the run
+  int index = 0;         // position in the workload
+  double arrival_s = 0;  // from the start of the run
   int input_tokens = 0;
-  int output_tokens = 0;      // generated, the first (from the prefill) included; >= 1
-  std::vector<uint64_t> keys; // prefix keys of its blocks (block i stands for blocks 0..i)
+  int output_tokens = 0;       // generated, the first (from the prefill) included; >= 1
+  std::vector<uint64_t> keys;  // prefix keys of its blocks (block i stands for blocks 0..i)
 };
 
 struct TraceOptions {
-  int start = 0;              // first line used
-  int max_requests = 0;       // 0: all
-  double time_scale = 1.0;    // arrival times multiplied by this (0.5: twice the rate)
-  double length_scale = 1.0;  // input and output lengths multiplied by this (>= 1 token)
+  int start = 0;                 // first line used
+  int max_requests = 0;          // 0: all
+  double time_scale = 1.0;       // arrival times multiplied by this (0.5: twice the rate)
+  double length_scale = 1.0;     // input and output lengths multiplied by this (>= 1 token)
   int trace_block_tokens = 512;  // tokens per hash id in the file
 };
 
@@ -33,13 +33,13 @@ StatusOr<std::vector<SimRequest>> LoadTrace(const std::string& path, const Trace
 
 struct SyntheticOptions {
   int requests = 100;
-  double rate = 1.0;            // requests per second (Poisson arrivals)
-  int input_tokens = 1024;      // mean; uniform in [mean (1 - range), mean (1 + range)]
+  double rate = 1.0;        // requests per second (Poisson arrivals)
+  int input_tokens = 1024;  // mean; uniform in [mean (1 - range), mean (1 + range)]
   int output_tokens = 128;
   double range = 0.0;
-  double shared_prefix = 0.0;   // share of each prompt that is one of `prefix_groups` prefixes
+  double shared_prefix = 0.0;  // share of each prompt that is one of `prefix_groups` prefixes
   int prefix_groups = 1;
-  int block_tokens = 512;       // granularity of the keys
+  int block_tokens = 512;  // granularity of the keys
   uint64_t seed = 1;
 };
 std::vector<SimRequest> Synthetic(const SyntheticOptions& options);

@@ -108,9 +108,8 @@ StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(int start_timeout_ms) 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return Unavailable("etcd did not become healthy within " +
-                                              std::to_string(start_timeout_ms) + " ms; log:\n" +
-                                              etcd->LogTail());
+  return Unavailable("etcd did not become healthy within " + std::to_string(start_timeout_ms) +
+                     " ms; log:\n" + etcd->LogTail());
 }
 
 EtcdProcess::~EtcdProcess() {

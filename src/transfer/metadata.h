@@ -19,8 +19,8 @@
 namespace tandem::transfer {
 
 struct MetadataOptions {
-  std::chrono::milliseconds ttl{5000};        // lease time to live (etcd rounds up to seconds)
-  std::chrono::milliseconds timeout{2000};    // per remote call
+  std::chrono::milliseconds ttl{5000};      // lease time to live (etcd rounds up to seconds)
+  std::chrono::milliseconds timeout{2000};  // per remote call
 };
 
 // Thread-safety: thread-safe (every backend). Any method may be called from any thread, at once
@@ -46,7 +46,7 @@ class MetadataStore {
 
 // Parses the URI above and connects (checks the remote answers).
 StatusOr<std::shared_ptr<MetadataStore>> OpenMetadataStore(const std::string& uri,
-                                                            MetadataOptions options = {});
+                                                           MetadataOptions options = {});
 
 // Serves the HTTP key-value protocol used by "http://" stores, with TTL-based expiry of keys
 // whose owner stops renewing. Runs its own threads; stops on destruction.

@@ -149,14 +149,10 @@ class EtcdBackend final : public KvBackend {
     const std::string message =
         Describe() + path + " (HTTP " + std::to_string(reply.http_status) + "): " + why;
     switch (code) {
-      case kGrpcNotFound:
-        return NotFound(message);
-      case kGrpcInvalidArgument:
-        return InvalidArgument(message);
-      case kGrpcUnavailable:
-        return Unavailable(message);
-      default:
-        return Internal(message);
+      case kGrpcNotFound: return NotFound(message);
+      case kGrpcInvalidArgument: return InvalidArgument(message);
+      case kGrpcUnavailable: return Unavailable(message);
+      default: return Internal(message);
     }
   }
 

@@ -1,6 +1,6 @@
 // The "http://host:port" store: the client of MetadataHttpServer's protocol (described in
 // metadata_http_server.cc). Leases are handled by LeasedStore; this file only speaks the wire.
-#include "transfer/metadata_http_protocol.h"
+#include "transfer/metadata_http_protocol_internal.h"
 #include "transfer/metadata_internal.h"
 #include "transfer/metadata_leased.h"
 
@@ -86,12 +86,9 @@ class HttpBackend final : public KvBackend {
                                 ? reply.body["error"].dump()
                                 : reply.body.dump();
     switch (reply.http_status) {
-      case 200:
-        return reply.body.is_object() ? reply.body : json::object();
-      case 404:
-        return NotFound(Describe() + path + ": " + why);
-      case 400:
-        return InvalidArgument(Describe() + path + ": " + why);
+      case 200: return reply.body.is_object() ? reply.body : json::object();
+      case 404: return NotFound(Describe() + path + ": " + why);
+      case 400: return InvalidArgument(Describe() + path + ": " + why);
       default:
         return Internal(Describe() + path + " answered HTTP " + std::to_string(reply.http_status) +
                         ": " + why);

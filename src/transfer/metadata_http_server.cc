@@ -26,9 +26,9 @@
 
 #include "common/http.h"
 #include "common/http_status.h"
-#include "common/mutex.h"
 #include "common/logging.h"
-#include "transfer/metadata_http_protocol.h"
+#include "common/mutex.h"
+#include "transfer/metadata_http_protocol_internal.h"
 #include "transfer/metadata_internal.h"
 
 namespace tandem::transfer {
@@ -224,8 +224,8 @@ class HttpServerImpl final : public MetadataHttpServer {
   Status Listen(const std::string& host, int port) {
     // Clients do not keep connections, but a burst of them should not queue behind a few
     // threads: 16 threads and the widened backlog; otherwise httplib's defaults.
-    TANDEM_ASSIGN_OR_RETURN(port_, BindHttpServer(server_, host, port, HttpServerSettings{},
-                                                  "metadata server"));
+    TANDEM_ASSIGN_OR_RETURN(
+        port_, BindHttpServer(server_, host, port, HttpServerSettings{}, "metadata server"));
     // The socket already listens; connections queue until the thread accepts them.
     thread_ = std::thread([this] {
       server_.listen_after_bind();

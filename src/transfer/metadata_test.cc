@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "transfer/etcd_test_process.h"
-#include "transfer/metadata_http_protocol.h"
+#include "transfer/metadata_http_protocol_internal.h"
 #include "transfer/metadata_internal.h"
 
 namespace tandem::transfer {
@@ -38,12 +38,9 @@ void PrintTo(Backend b, std::ostream* os) {
 
 std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
   switch (info.param) {
-    case Backend::kEmbedded:
-      return "Embedded";
-    case Backend::kHttp:
-      return "Http";
-    case Backend::kEtcd:
-      return "Etcd";
+    case Backend::kEmbedded: return "Embedded";
+    case Backend::kHttp: return "Http";
+    case Backend::kEtcd: return "Etcd";
   }
   return "Unknown";
 }
@@ -80,9 +77,7 @@ class MetadataStoreTest : public ::testing::TestWithParam<Backend> {
     // Tests in one process share a server: each writes under its own prefix.
     prefix_ = std::string("/test/") + info->name() + "/";
     switch (GetParam()) {
-      case Backend::kEmbedded:
-        uri_ = std::string("embedded:") + info->name();
-        break;
+      case Backend::kEmbedded: uri_ = std::string("embedded:") + info->name(); break;
       case Backend::kHttp:
         if (!http_server_) {
           auto server = MetadataHttpServer::Start("127.0.0.1", 0);

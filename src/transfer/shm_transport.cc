@@ -1,12 +1,12 @@
 #include "transfer/shm_transport.h"
 
-#include <cerrno>
-#include <cstring>
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "common/logging.h"
 
@@ -14,9 +14,7 @@ namespace tandem::transfer {
 namespace {
 
 // memfd names are limited to 249 bytes; the tail is enough to recognise the file.
-std::string MemfdName(const std::string& segment) {
-  return ("tandem:" + segment).substr(0, 240);
-}
+std::string MemfdName(const std::string& segment) { return ("tandem:" + segment).substr(0, 240); }
 
 class ShmRemoteSegment : public RemoteSegment {
  public:
@@ -51,7 +49,8 @@ StatusOr<SharedMemory> CreateSharedMemory(const std::string& segment, uint64_t s
 }
 
 ShmTransport::ShmTransport(TransportHost* host, std::string host_id)
-    : host_(host), host_id_(std::move(host_id)),
+    : host_(host),
+      host_id_(std::move(host_id)),
       stopping_(std::make_shared<std::atomic<bool>>(false)) {}
 
 ShmTransport::~ShmTransport() { stopping_->store(true, std::memory_order_release); }
@@ -93,7 +92,7 @@ StatusOr<std::unique_ptr<RemoteSegment>> ShmTransport::Open(const SegmentDescrip
   }
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (!fd.valid()) return ErrnoStatus("segment '" + remote.name + "': open " + path, errno);
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat " + path, errno);
   if (static_cast<uint64_t>(st.st_size) < remote.size) {
     return FailedPrecondition("segment '" + remote.name + "': memfd has " +
@@ -114,23 +113,23 @@ void ShmTransport::Submit(RemoteSegment& segment, const TransferRequest& request
   char* local = static_cast<char*>(request.local);
   const uint64_t length = request.length;
   const bool write = request.op == OpCode::kWrite;
-  host_->RunOnWorker([stopping = stopping_, remote, local, length, write, deadline,
-                      done = std::move(done)] {
-    if (stopping->load(std::memory_order_acquire)) {
-      done(Cancelled("transfer engine shutting down"));
-      return;
-    }
-    if (Clock::now() > deadline) {
-      done(DeadlineExceeded("shm copy not started before the deadline"));
-      return;
-    }
-    if (write) {
-      std::memcpy(remote, local, length);
-    } else {
-      std::memcpy(local, remote, length);
-    }
-    done(OkStatus());
-  });
+  host_->RunOnWorker(
+      [stopping = stopping_, remote, local, length, write, deadline, done = std::move(done)] {
+        if (stopping->load(std::memory_order_acquire)) {
+          done(Cancelled("transfer engine shutting down"));
+          return;
+        }
+        if (Clock::now() > deadline) {
+          done(DeadlineExceeded("shm copy not started before the deadline"));
+          return;
+        }
+        if (write) {
+          std::memcpy(remote, local, length);
+        } else {
+          std::memcpy(local, remote, length);
+        }
+        done(OkStatus());
+      });
 }
 
 }  // namespace tandem::transfer

@@ -7,15 +7,15 @@
 #include <memory>
 #include <string>
 
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 #include "transfer/transport.h"
 
 namespace tandem::transfer {
 
 // Memory backing a segment made by AllocateSegment: a memfd and its MAP_SHARED mapping.
 struct SharedMemory {
-  UniqueFd fd;        // memfd (close-on-exec); its number is published as shm_fd
-  Mapping mapping;    // whole memfd, read-write, page-aligned, zero-filled
+  UniqueFd fd;      // memfd (close-on-exec); its number is published as shm_fd
+  Mapping mapping;  // whole memfd, read-write, page-aligned, zero-filled
 };
 
 // Creates a memfd named "tandem:<segment>" of `size` bytes (rounded up to pages) and maps it.

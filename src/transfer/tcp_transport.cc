@@ -2,15 +2,15 @@
 // connection, deadlines and teardown. The target side is tcp_transport_server.cc.
 #include "transfer/tcp_transport.h"
 
+#include <sys/socket.h>
+
 #include <deque>
 #include <map>
 #include <unordered_map>
 
-#include <sys/socket.h>
-
 #include "common/logging.h"
 #include "common/mutex.h"
-#include "transfer/tcp_transport_wire.h"
+#include "transfer/tcp_transport_wire_internal.h"
 
 namespace tandem::transfer {
 namespace {
@@ -21,12 +21,12 @@ constexpr auto kDeadlineCheckPeriod = std::chrono::milliseconds(2);
 // One request (or notification) on its way through a connection.
 struct TcpOp {
   wire::MsgType type = wire::MsgType::kWrite;
-  uint64_t id = 0;              // assigned by the sender thread
-  void* local = nullptr;        // write: source; read: destination (caller's registered memory)
-  uint64_t offset = 0;          // bytes from the remote segment base
-  uint64_t length = 0;          // payload bytes (write/read), message bytes (notify)
-  std::string segment;          // remote segment name
-  std::string from, message;    // notify only
+  uint64_t id = 0;            // assigned by the sender thread
+  void* local = nullptr;      // write: source; read: destination (caller's registered memory)
+  uint64_t offset = 0;        // bytes from the remote segment base
+  uint64_t length = 0;        // payload bytes (write/read), message bytes (notify)
+  std::string segment;        // remote segment name
+  std::string from, message;  // notify only
   Clock::time_point deadline;
   CompletionCallback done;
 };
@@ -34,7 +34,8 @@ using OpPtr = std::shared_ptr<TcpOp>;
 
 Status FromWireCode(uint8_t code, std::string message) {
   if (code == 0) return OkStatus();
-  if (code > static_cast<uint8_t>(StatusCode::kInternal)) code = static_cast<uint8_t>(StatusCode::kInternal);
+  if (code > static_cast<uint8_t>(StatusCode::kInternal))
+    code = static_cast<uint8_t>(StatusCode::kInternal);
   return Status(static_cast<StatusCode>(code), std::move(message));
 }
 
@@ -208,7 +209,8 @@ class TcpConnection {
         break;
       }
       wire::Header h;
-      if (!wire::Decode(hb, &h) || h.type != wire::MsgType::kReply || h.name_len > wire::kMaxNameBytes) {
+      if (!wire::Decode(hb, &h) || h.type != wire::MsgType::kReply ||
+          h.name_len > wire::kMaxNameBytes) {
         Break(DataLoss("bad reply framing from " + endpoint_));
         break;
       }
@@ -305,8 +307,8 @@ class TcpConnection {
       }
     }
     for (auto& op : expired) {
-      Complete(op, DeadlineExceeded("tcp request to " + endpoint_ +
-                                    " not started before its deadline"));
+      Complete(
+          op, DeadlineExceeded("tcp request to " + endpoint_ + " not started before its deadline"));
     }
     if (started_expired) {
       Break(Unavailable("connection to " + endpoint_ +
@@ -380,12 +382,12 @@ class TcpConnection {
   uint64_t sending_id_ TANDEM_GUARDED_BY(mu_) = 0;  // op inside SendAll, 0 if none
   bool sender_done_ TANDEM_GUARDED_BY(mu_) = false;
   Status break_reason_ TANDEM_GUARDED_BY(mu_);
-  std::atomic<bool> broken_{false};               // written under mu_, read without it
-  std::atomic<bool> finished_{false};             // teardown done: no op left, threads ending
-  std::atomic<int64_t> pending_bytes_{0};         // queued + outstanding payload bytes
-  Clock::time_point next_check_{};                // receiver (or connecting sender) thread only
+  std::atomic<bool> broken_{false};        // written under mu_, read without it
+  std::atomic<bool> finished_{false};      // teardown done: no op left, threads ending
+  std::atomic<int64_t> pending_bytes_{0};  // queued + outstanding payload bytes
+  Clock::time_point next_check_{};         // receiver (or connecting sender) thread only
   std::thread sender_;
-  std::thread receiver_;                          // started by the sender thread
+  std::thread receiver_;  // started by the sender thread
 };
 
 // Connection pools by peer endpoint, shared by the transport and its opened segments (which
@@ -495,7 +497,8 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(TransportHost* host
     return InvalidArgument("tcp_connections_per_peer must be in 1..64, got " +
                            std::to_string(options.connections_per_peer));
   }
-  TANDEM_ASSIGN_OR_RETURN(auto server, TcpServer::Start(host, options.listen_host, options.listen_port));
+  TANDEM_ASSIGN_OR_RETURN(auto server,
+                          TcpServer::Start(host, options.listen_host, options.listen_port));
   std::string adv = options.advertise_host.empty() ? options.listen_host : options.advertise_host;
   if (adv.empty() || adv == "0.0.0.0" || adv == "::") {
     return InvalidArgument("tcp_advertise_host is required when listening on '" +

@@ -22,24 +22,24 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 #include "transfer/transport.h"
 
 namespace tandem::transfer {
 
 struct TcpTransportOptions {
   std::string listen_host = "127.0.0.1";
-  int listen_port = 0;               // 0: ephemeral
-  std::string advertise_host;        // empty: listen_host
-  int connections_per_peer = 4;      // 1..64
+  int listen_port = 0;           // 0: ephemeral
+  std::string advertise_host;    // empty: listen_host
+  int connections_per_peer = 4;  // 1..64
 };
 
 // The target side: accepts connections and serves them, one thread per connection.
 class TcpServer {
  public:
   // host outlives the server.
-  static StatusOr<std::unique_ptr<TcpServer>> Start(TransportHost* host, const std::string& listen_host,
-                                                    int port);
+  static StatusOr<std::unique_ptr<TcpServer>> Start(TransportHost* host,
+                                                    const std::string& listen_host, int port);
   // Closes the listener and every connection, joins all threads.
   ~TcpServer();
   int port() const { return port_; }
@@ -70,7 +70,8 @@ struct PeerTable;  // tcp_transport.cc
 
 class TcpTransport : public Transport {
  public:
-  static StatusOr<std::unique_ptr<TcpTransport>> Create(TransportHost* host, TcpTransportOptions options);
+  static StatusOr<std::unique_ptr<TcpTransport>> Create(TransportHost* host,
+                                                        TcpTransportOptions options);
   ~TcpTransport() override;
 
   Protocol protocol() const override { return Protocol::kTcp; }

@@ -2,17 +2,17 @@
 // thread, one message at a time: writes are received straight into the segment's memory after
 // the offset and length were checked against the segment, reads are sent straight from it,
 // notifications go to the engine's handler.
-#include <cerrno>
-#include <vector>
-
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <vector>
+
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/tcp_transport.h"
-#include "transfer/tcp_transport_wire.h"
+#include "transfer/tcp_transport_wire_internal.h"
 
 namespace tandem::transfer {
 namespace {
@@ -55,7 +55,8 @@ StatusOr<std::unique_ptr<TcpServer>> TcpServer::Start(TransportHost* host,
                                                       const std::string& listen_host, int port) {
   if (port < 0 || port > 65535) return InvalidArgument("tcp_listen_port out of range");
   TANDEM_ASSIGN_OR_RETURN(auto listener, ListenTcp(listen_host, port));
-  std::unique_ptr<TcpServer> server(new TcpServer(host, std::move(listener.first), listener.second));
+  std::unique_ptr<TcpServer> server(
+      new TcpServer(host, std::move(listener.first), listener.second));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -151,7 +152,8 @@ void TcpServer::Serve(Conn* conn) {
     if (h.type == wire::MsgType::kWrite) {
       Status st = CheckRange(region.get(), name, h.offset, h.length);
       if (st.ok()) {
-        r = RecvExact(fd, static_cast<char*>(region->base) + h.offset, h.length, stop_or_retiring, &err);
+        r = RecvExact(fd, static_cast<char*>(region->base) + h.offset, h.length, stop_or_retiring,
+                      &err);
         if (r != IoResult::kOk) break;
         host_->AddBytesServed(h.length);
       } else {

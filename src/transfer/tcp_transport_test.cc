@@ -1,5 +1,6 @@
 // The TCP listener as seen by a raw client: it checks every request against the segment before
 // any byte lands, answers errors in-band, and drops connections that lose the framing.
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -8,12 +9,10 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "transfer/tcp_transport_wire.h"
+#include "transfer/tcp_transport_wire_internal.h"
 #include "transfer/transfer_engine.h"
 #include "transfer/transfer_test_util.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 
 namespace tandem::transfer {
 namespace {
@@ -34,7 +33,8 @@ class RawClient {
   bool Send(const std::string& bytes) {
     iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
     int err = 0;
-    return SendAll(fd_.get(), &iov, 1, [] { return false; }, &err) == IoResult::kOk;
+    return SendAll(
+               fd_.get(), &iov, 1, [] { return false; }, &err) == IoResult::kOk;
   }
 
   static std::string Request(wire::MsgType type, uint64_t id, const std::string& segment,
@@ -110,7 +110,8 @@ TEST(TcpListener, ValidatesEveryRequestBeforeTouchingMemory) {
   EXPECT_EQ(h.code, static_cast<uint8_t>(StatusCode::kOutOfRange));
 
   // The same connection still serves valid requests: write, then read back.
-  ASSERT_TRUE(c.Send(RawClient::Request(wire::MsgType::kWrite, 4, "listener/kv", 8187, 5, "hello")));
+  ASSERT_TRUE(
+      c.Send(RawClient::Request(wire::MsgType::kWrite, 4, "listener/kv", 8187, 5, "hello")));
   ASSERT_TRUE(c.ReadReply(&h, &text, &payload));
   EXPECT_EQ(h.id, 4u);
   EXPECT_EQ(h.code, 0);

@@ -1,13 +1,13 @@
 // Data movement between two engines in this process (embedded metadata), over shared memory and
 // over TCP loopback: writes and reads of random data, verified byte for byte; notifications.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/logging.h"
 #include "transfer/transfer_engine.h"
@@ -60,15 +60,16 @@ TEST_P(DataPath, WriteThenReadVariousSizes) {
     uint64_t length, local_off, remote_off;
   };
   // Non-aligned offsets on both sides; 16 MiB spans several slices.
-  const std::vector<Case> cases = {{1, 0, 0},          {1, 13, 4095},
-                                   {4096, 0, 4096},    {4096, 7, 12289},
+  const std::vector<Case> cases = {{1, 0, 0},           {1, 13, 4095},
+                                   {4096, 0, 4096},     {4096, 7, 12289},
                                    {1 << 20, 3, 65537}, {16 << 20, 101, (20 << 20) + 5}};
   uint64_t expect_written = 0, expect_read = 0;
   int n = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE("length " + std::to_string(c.length));
     FillRandom(local_.data() + c.local_off, c.length, 1000 + n);
-    BatchStatus s = Run({{OpCode::kWrite, local_.data() + c.local_off, seg_, c.remote_off, c.length}});
+    BatchStatus s =
+        Run({{OpCode::kWrite, local_.data() + c.local_off, seg_, c.remote_off, c.length}});
     ASSERT_EQ(s.state, TransferState::kCompleted) << s.first_error.ToString();
     ASSERT_EQ(std::memcmp(remote_ + c.remote_off, local_.data() + c.local_off, c.length), 0);
     expect_written += c.length;

@@ -13,7 +13,7 @@
 #include "transfer/shm_transport.h"
 #include "transfer/tcp_transport.h"
 #include "transfer/transfer_engine_internal.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 #include "transfer/transport.h"
 #ifdef TANDEM_WITH_UCX
 #include "transfer/ucx_transport.h"
@@ -42,20 +42,22 @@ Status TransferEngineImpl::Init() {
     if (ucx.ok()) {
       transports_.push_back(std::move(*ucx));
     } else {
-      GetLogger("transfer")->warn("transfer engine '{}': UCX unavailable: {}", options_.local_name,
-                                  ucx.status().ToString());
+      GetLogger("transfer")
+          ->warn("transfer engine '{}': UCX unavailable: {}", options_.local_name,
+                 ucx.status().ToString());
     }
   }
 #endif
   for (Protocol p : options_.protocols) {
     if (TransportFor(p) == nullptr) {
-      GetLogger("transfer")->warn("transfer engine '{}': protocol {} not built in; ignored",
-                                  options_.local_name, ProtocolName(p));
+      GetLogger("transfer")
+          ->warn("transfer engine '{}': protocol {} not built in; ignored", options_.local_name,
+                 ProtocolName(p));
     }
   }
   reaper_ = std::thread([this] { ReaperLoop(); });
-  GetLogger("transfer")->info("transfer engine '{}' listening on {}", options_.local_name,
-                              tcp_->endpoint());
+  GetLogger("transfer")
+      ->info("transfer engine '{}' listening on {}", options_.local_name, tcp_->endpoint());
   return OkStatus();
 }
 
@@ -122,8 +124,9 @@ void TransferEngineImpl::DeliverNotification(const Notification& notification) {
   if (handler) {
     handler(notification);
   } else {
-    GetLogger("transfer")->debug("notification from '{}' for '{}' dropped: no handler",
-                                 notification.from, notification.segment);
+    GetLogger("transfer")
+        ->debug("notification from '{}' for '{}' dropped: no handler", notification.from,
+                notification.segment);
   }
 }
 
@@ -144,7 +147,8 @@ TransferCounters TransferEngineImpl::Counters() const {
 }  // namespace internal
 
 StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(TransferEngineOptions options) {
-  if (options.local_name.empty()) return InvalidArgument("TransferEngineOptions.local_name is empty");
+  if (options.local_name.empty())
+    return InvalidArgument("TransferEngineOptions.local_name is empty");
   if (options.metadata == nullptr) return InvalidArgument("TransferEngineOptions.metadata is null");
   if (options.worker_threads < 1 || options.worker_threads > 256) {
     return InvalidArgument("worker_threads must be in 1..256");

@@ -57,20 +57,20 @@ namespace tandem::transfer {
 using Clock = std::chrono::steady_clock;
 
 enum class Protocol { kShm, kTcp, kUcx };
-const char* ProtocolName(Protocol p);                // "shm", "tcp", "ucx"
+const char* ProtocolName(Protocol p);  // "shm", "tcp", "ucx"
 StatusOr<Protocol> ParseProtocol(const std::string& s);
 
 // What a segment publishes; serialized as JSON in the metadata service under
 // "tandem/segments/<name>".
 struct SegmentDescriptor {
-  std::string name;           // cluster-unique, e.g. "decode-0/kv"
-  std::string owner;          // engine local_name of the owning process
-  std::string host_id;        // identifies the host (boot id); shm only between equal host_ids
-  uint64_t size = 0;          // bytes
+  std::string name;     // cluster-unique, e.g. "decode-0/kv"
+  std::string owner;    // engine local_name of the owning process
+  std::string host_id;  // identifies the host (boot id); shm only between equal host_ids
+  uint64_t size = 0;    // bytes
   int owner_pid = 0;
-  int shm_fd = -1;            // memfd in the owner; peers map /proc/<owner_pid>/fd/<shm_fd>
-  std::string tcp_endpoint;   // "host:port" of the owner's data listener; always present
-  std::string ucx_address;    // hex UCX worker address + packed rkey; empty without UCX
+  int shm_fd = -1;           // memfd in the owner; peers map /proc/<owner_pid>/fd/<shm_fd>
+  std::string tcp_endpoint;  // "host:port" of the owner's data listener; always present
+  std::string ucx_address;   // hex UCX worker address + packed rkey; empty without UCX
 
   std::string ToJson() const;
   static StatusOr<SegmentDescriptor> FromJson(const std::string& json);
@@ -85,10 +85,10 @@ enum class OpCode { kRead, kWrite };  // read: remote -> local; write: local -> 
 
 struct TransferRequest {
   OpCode op = OpCode::kWrite;
-  void* local = nullptr;        // inside memory registered with this engine
-  SegmentHandle segment;        // opened remote segment (may be one of our own: loopback)
-  uint64_t remote_offset = 0;   // bytes from the segment base
-  uint64_t length = 0;          // bytes, > 0
+  void* local = nullptr;       // inside memory registered with this engine
+  SegmentHandle segment;       // opened remote segment (may be one of our own: loopback)
+  uint64_t remote_offset = 0;  // bytes from the segment base
+  uint64_t length = 0;         // bytes, > 0
 };
 
 enum class TransferState { kPending, kCompleted, kFailed, kTimedOut };
@@ -96,7 +96,7 @@ const char* TransferStateName(TransferState s);
 
 struct RequestStatus {
   TransferState state = TransferState::kPending;
-  Status error;                 // set for kFailed / kTimedOut
+  Status error;  // set for kFailed / kTimedOut
 };
 
 struct BatchStatus {
@@ -111,28 +111,28 @@ using BatchId = uint64_t;
 
 // A small message from a peer, delivered after its batch into one of our segments completed.
 struct Notification {
-  std::string from;             // the sender's local_name
-  std::string segment;          // which of our segments the batch wrote into / read from
+  std::string from;     // the sender's local_name
+  std::string segment;  // which of our segments the batch wrote into / read from
   std::string message;
 };
 
 struct TransferCounters {
-  uint64_t bytes_written = 0, bytes_read = 0;     // completed requests, as initiator
+  uint64_t bytes_written = 0, bytes_read = 0;  // completed requests, as initiator
   uint64_t requests_completed = 0, requests_failed = 0, requests_timed_out = 0;
-  uint64_t requests_refused = 0;                  // every request of each refused batch
-                                                  // (an empty batch counts one)
-  uint64_t bytes_served = 0;                      // as target over TCP/UCX
+  uint64_t requests_refused = 0;  // every request of each refused batch
+                                  // (an empty batch counts one)
+  uint64_t bytes_served = 0;      // as target over TCP/UCX
   uint64_t notifications_sent = 0, notifications_received = 0;
 };
 
 struct TransferEngineOptions {
-  std::string local_name;                          // unique in the cluster
-  std::shared_ptr<MetadataStore> metadata;         // required
-  std::string tcp_listen_host = "127.0.0.1";       // the data listener (also carries notifications)
-  int tcp_listen_port = 0;                         // 0: ephemeral
-  std::string tcp_advertise_host;                  // empty: tcp_listen_host
+  std::string local_name;                     // unique in the cluster
+  std::shared_ptr<MetadataStore> metadata;    // required
+  std::string tcp_listen_host = "127.0.0.1";  // the data listener (also carries notifications)
+  int tcp_listen_port = 0;                    // 0: ephemeral
+  std::string tcp_advertise_host;             // empty: tcp_listen_host
   int tcp_connections_per_peer = 4;
-  int worker_threads = 2;                          // submit/copy threads
+  int worker_threads = 2;  // submit/copy threads
   // Transports this engine may use as initiator, in order of preference when a peer is
   // reachable by several. Shm is used only for segments on the same host.
   std::vector<Protocol> protocols = {Protocol::kShm, Protocol::kTcp};

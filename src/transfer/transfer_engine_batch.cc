@@ -5,7 +5,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/transfer_engine_internal.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 
 namespace tandem::transfer::internal {
 namespace {
@@ -38,7 +38,8 @@ StatusOr<BatchId> TransferEngineImpl::SubmitBatch(std::span<const TransferReques
     requests_refused_.fetch_add(std::max<size_t>(requests.size(), 1), std::memory_order_relaxed);
     return st;
   };
-  if (shutting_down_.load(std::memory_order_acquire)) return refuse(Cancelled("engine shutting down"));
+  if (shutting_down_.load(std::memory_order_acquire))
+    return refuse(Cancelled("engine shutting down"));
   if (requests.empty()) return refuse(InvalidArgument("empty batch"));
   if (notification.size() > kMaxNotificationBytes) {
     return refuse(InvalidArgument("notification of " + std::to_string(notification.size()) +
@@ -64,8 +65,8 @@ StatusOr<BatchId> TransferEngineImpl::SubmitBatch(std::span<const TransferReques
       const SegmentDescriptor& d = it->second->desc;
       if (r.remote_offset > d.size || r.length > d.size - r.remote_offset) {
         return refuse(OutOfRange(where + "remote range [" + std::to_string(r.remote_offset) +
-                                 ", +" + std::to_string(r.length) + ") outside segment '" +
-                                 d.name + "' of " + std::to_string(d.size) + " bytes"));
+                                 ", +" + std::to_string(r.length) + ") outside segment '" + d.name +
+                                 "' of " + std::to_string(d.size) + " bytes"));
       }
       if (r.local == nullptr) return refuse(InvalidArgument(where + "null local address"));
       locals[i] = FindLocal(r.local, r.length);
@@ -74,8 +75,10 @@ StatusOr<BatchId> TransferEngineImpl::SubmitBatch(std::span<const TransferReques
                                       " bytes is not inside memory registered with this engine"));
       }
       if (!notification.empty() && i > 0 && r.segment.id != requests[0].segment.id) {
-        return refuse(InvalidArgument(where + "a batch with a notification must target one "
-                                      "segment; requests 0 and " + std::to_string(i) + " differ"));
+        return refuse(InvalidArgument(where +
+                                      "a batch with a notification must target one "
+                                      "segment; requests 0 and " +
+                                      std::to_string(i) + " differ"));
       }
       targets[i] = it->second;
     }
@@ -102,8 +105,8 @@ StatusOr<BatchId> TransferEngineImpl::SubmitBatch(std::span<const TransferReques
         // Notifications always travel over TCP to the owner's listener.
         auto remote = tcp_->Open(target->desc);
         if (!remote.ok()) {
-          return refuse(remote.status().WithContext("notification path to '" +
-                                                    target->desc.name + "'"));
+          return refuse(
+              remote.status().WithContext("notification path to '" + target->desc.name + "'"));
         }
         target->notify_remote = std::move(*remote);
       }
@@ -154,8 +157,11 @@ void TransferEngineImpl::OnSliceDone(const std::shared_ptr<Batch>& batch, size_t
     final_status = rs.slice_error;
   }
   if (!Finish(batch, index, std::move(final_status))) {
-    GetLogger("transfer")->warn("batch {} request {}: transport reported after the engine had "
-                                "timed the request out", batch->id, index);
+    GetLogger("transfer")
+        ->warn(
+            "batch {} request {}: transport reported after the engine had "
+            "timed the request out",
+            batch->id, index);
   }
 }
 
@@ -194,8 +200,9 @@ void TransferEngineImpl::OnRequestsDone(const std::shared_ptr<Batch>& batch) {
   }
   if (batch->notify_started.exchange(true)) return;
   if (shutting_down_.load(std::memory_order_acquire) || Clock::now() > batch->deadline) {
-    SettleBatch(batch, shutting_down_.load() ? Cancelled("engine shutting down; notification not sent")
-                                             : DeadlineExceeded("notification not sent: deadline passed"));
+    SettleBatch(batch, shutting_down_.load()
+                           ? Cancelled("engine shutting down; notification not sent")
+                           : DeadlineExceeded("notification not sent: deadline passed"));
     return;
   }
   std::shared_ptr<OpenedSegment> target;
@@ -235,14 +242,18 @@ void TransferEngineImpl::Reap(const std::shared_ptr<Batch>& batch) {
   for (size_t i = 0; i < batch->size; ++i) {
     if (batch->requests[i].state.load(std::memory_order_acquire) ==
         static_cast<int>(TransferState::kPending)) {
-      forced |= Finish(batch, i, DeadlineExceeded("no completion within " +
-                                                  std::to_string(kReapSlack.count()) +
-                                                  " ms after the deadline"));
+      forced |=
+          Finish(batch, i,
+                 DeadlineExceeded("no completion within " + std::to_string(kReapSlack.count()) +
+                                  " ms after the deadline"));
     }
   }
   if (forced) {
-    GetLogger("transfer")->error("batch {}: transport missed the deadline; requests forced to "
-                                 "timed out", batch->id);
+    GetLogger("transfer")
+        ->error(
+            "batch {}: transport missed the deadline; requests forced to "
+            "timed out",
+            batch->id);
   }
   // Requests may still be finishing on another thread (between the CAS and the count); a
   // settled notification is only forced once none is pending.
@@ -297,7 +308,8 @@ BatchStatus TransferEngineImpl::Summarize(const Batch& batch) const {
       default: ++s.pending; break;  // pending or finishing
     }
     if ((st == static_cast<int>(TransferState::kFailed) ||
-         st == static_cast<int>(TransferState::kTimedOut)) && first_error.ok()) {
+         st == static_cast<int>(TransferState::kTimedOut)) &&
+        first_error.ok()) {
       first_error = batch.requests[i].error;
     }
   }

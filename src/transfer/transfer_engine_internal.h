@@ -18,7 +18,7 @@
 #include "transfer/shm_transport.h"
 #include "transfer/tcp_transport.h"
 #include "transfer/transfer_engine.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 #include "transfer/transport.h"
 
 namespace tandem::transfer::internal {
@@ -82,7 +82,7 @@ class WorkerPool {
 struct Region {
   LocalRegion info;
   std::atomic<bool> retiring{false};
-  SharedMemory shm;  // AllocateSegment only; unmapped when the last user lets go
+  SharedMemory shm;          // AllocateSegment only; unmapped when the last user lets go
   std::string metadata_key;  // published segments only
 };
 
@@ -115,8 +115,8 @@ struct Batch {
   std::string notification;
   size_t size = 0;
   std::unique_ptr<RequestState[]> requests;
-  std::atomic<size_t> pending{0};         // requests not yet terminal
-  std::atomic<size_t> not_completed{0};   // requests that ended failed or timed out
+  std::atomic<size_t> pending{0};        // requests not yet terminal
+  std::atomic<size_t> not_completed{0};  // requests that ended failed or timed out
   // For the notification; reset when the batch settles.
   std::shared_ptr<OpenedSegment> target TANDEM_GUARDED_BY(mu);
   std::atomic<bool> notify_started{false};
@@ -161,8 +161,7 @@ class TransferEngineImpl final : public TransferEngine, public TransportHost {
   // TransportHost.
   bool RunOnWorker(std::function<void()> fn) override { return workers_.Run(std::move(fn)); }
   std::shared_ptr<const LocalRegion> FindSegment(const std::string& name) override;
-  void DeliverNotification(const Notification& notification) override
-      TANDEM_EXCLUDES(handler_mu_);
+  void DeliverNotification(const Notification& notification) override TANDEM_EXCLUDES(handler_mu_);
   void AddBytesServed(uint64_t bytes) override {
     bytes_served_.fetch_add(bytes, std::memory_order_relaxed);
   }
@@ -199,12 +198,12 @@ class TransferEngineImpl final : public TransferEngine, public TransportHost {
   // annotated (clang cannot check std::shared_mutex); the rule still holds: touch the members
   // below only with the lock held, shared for reading, exclusive for writing.
   mutable std::shared_mutex mem_mu_;
-  std::map<uintptr_t, std::shared_ptr<Region>> regions_;            // by base; guarded by mem_mu_
-  std::map<std::string, std::shared_ptr<Region>> segments_;         // by name; guarded by mem_mu_
+  std::map<uintptr_t, std::shared_ptr<Region>> regions_;     // by base; guarded by mem_mu_
+  std::map<std::string, std::shared_ptr<Region>> segments_;  // by name; guarded by mem_mu_
 
   mutable std::shared_mutex open_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<OpenedSegment>> opened_;  // guarded by open_mu_
-  uint64_t next_handle_ = 1;                                          // guarded by open_mu_
+  uint64_t next_handle_ = 1;                                             // guarded by open_mu_
 
   // Lock order: batch_mu_ before Batch::mu (the reaper, FreeBatch and the destructor).
   mutable Mutex batch_mu_;

@@ -7,13 +7,13 @@
 
 #include "common/logging.h"
 #include "transfer/transfer_engine_internal.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 
 namespace tandem::transfer::internal {
 namespace {
 
 const char kSegmentPrefix[] = "tandem/segments/";
-constexpr size_t kMaxSegmentName = 200;         // bytes
+constexpr size_t kMaxSegmentName = 200;  // bytes
 constexpr auto kUnregisterWait = std::chrono::seconds(5);
 
 bool ValidSegmentName(const std::string& name) {
@@ -49,8 +49,8 @@ std::shared_ptr<Region> TransferEngineImpl::FindLocal(const void* p, uint64_t le
 
 Status TransferEngineImpl::Publish(const std::string& name, std::shared_ptr<Region> region) {
   if (!ValidSegmentName(name)) {
-    return InvalidArgument("bad segment name '" + name + "' (1.." + std::to_string(kMaxSegmentName) +
-                           " printable characters, no spaces)");
+    return InvalidArgument("bad segment name '" + name + "' (1.." +
+                           std::to_string(kMaxSegmentName) + " printable characters, no spaces)");
   }
   const std::string key = kSegmentPrefix + name;
   {
@@ -98,8 +98,9 @@ Status TransferEngineImpl::Publish(const std::string& name, std::shared_ptr<Regi
     regions_.erase(reinterpret_cast<uintptr_t>(region->info.base));
     return st.WithContext("publishing segment '" + name + "'");
   }
-  GetLogger("transfer")->debug("published segment '{}' ({} bytes, shm_fd {}, {})", name,
-                               desc.size, desc.shm_fd, desc.tcp_endpoint);
+  GetLogger("transfer")
+      ->debug("published segment '{}' ({} bytes, shm_fd {}, {})", name, desc.size, desc.shm_fd,
+              desc.tcp_endpoint);
   return OkStatus();
 }
 
@@ -159,7 +160,8 @@ Status TransferEngineImpl::UnregisterSegment(const std::string& name) {
 Status TransferEngineImpl::RegisterLocalMemory(void* base, uint64_t size) {
   if (base == nullptr || size == 0) return InvalidArgument("local memory: null base or zero size");
   std::unique_lock<std::shared_mutex> lock(mem_mu_);
-  if (Overlaps(base, size)) return InvalidArgument("local memory overlaps memory already registered");
+  if (Overlaps(base, size))
+    return InvalidArgument("local memory overlaps memory already registered");
   auto region = std::make_shared<Region>();
   region->info.base = base;
   region->info.size = size;
@@ -204,8 +206,9 @@ StatusOr<SegmentHandle> TransferEngineImpl::OpenSegment(const std::string& name)
     if (t == nullptr || !t->CanReach(desc)) continue;
     auto remote = t->Open(desc);
     if (!remote.ok()) {
-      GetLogger("transfer")->warn("segment '{}': {} failed ({}); trying the next protocol", name,
-                                  ProtocolName(p), remote.status().ToString());
+      GetLogger("transfer")
+          ->warn("segment '{}': {} failed ({}); trying the next protocol", name, ProtocolName(p),
+                 remote.status().ToString());
       tried += std::string(tried.empty() ? "" : "; ") + ProtocolName(p) + ": " +
                remote.status().message();
       continue;

@@ -2,14 +2,13 @@
 // at submit, batch bookkeeping.
 #include "transfer/transfer_engine.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <fstream>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "transfer/transfer_test_util.h"
 

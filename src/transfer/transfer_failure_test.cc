@@ -1,5 +1,6 @@
 // Failures: a peer that never answers (deadlines), a peer process killed with SIGKILL or stopped
 // with SIGSTOP in the middle of a batch, and the release of sockets and mappings afterwards.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 
@@ -8,11 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "transfer/transfer_engine.h"
 #include "transfer/transfer_test_util.h"
-#include "transfer/transfer_util.h"
+#include "transfer/transfer_util_internal.h"
 #include "transfer/transport.h"
 
 namespace tandem::transfer {
@@ -79,8 +78,9 @@ TEST(Deadline, SilentPeerTimesOutWithinDeadline) {
   BatchStatus s = e->WaitBatch(*id);
   const auto waited = Clock::now() - start;
   EXPECT_GE(waited, 290ms);
-  EXPECT_LE(waited, 300ms + kSlack) << "waited "
-      << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms";
+  EXPECT_LE(waited, 300ms + kSlack)
+      << "waited " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()
+      << " ms";
   EXPECT_EQ(s.state, TransferState::kTimedOut);
   EXPECT_EQ(s.timed_out, 4);
   EXPECT_EQ(s.first_error.code(), StatusCode::kDeadlineExceeded);
@@ -203,7 +203,8 @@ TEST_F(PeerProcessTest, TcpPeerKilledMidBatch) {
   auto id = e->SubmitBatch(reqs, deadline, "kv-done");
   ASSERT_TRUE(id.ok());
   // Kill once data is flowing.
-  ASSERT_TRUE(WaitFor([&] { return e->GetRequestStatus(*id, 0).state != TransferState::kPending; }, 5s));
+  ASSERT_TRUE(
+      WaitFor([&] { return e->GetRequestStatus(*id, 0).state != TransferState::kPending; }, 5s));
   peer->Signal(SIGKILL);
   BatchStatus s = e->WaitBatch(*id);
   const auto waited = Clock::now() - start;
@@ -256,7 +257,8 @@ TEST_F(PeerProcessTest, ShmPeerKilledMidBatch) {
   const auto start = Clock::now();
   auto id = e->SubmitBatch(reqs, start + 8s);
   ASSERT_TRUE(id.ok());
-  ASSERT_TRUE(WaitFor([&] { return e->GetRequestStatus(*id, 0).state != TransferState::kPending; }, 5s));
+  ASSERT_TRUE(
+      WaitFor([&] { return e->GetRequestStatus(*id, 0).state != TransferState::kPending; }, 5s));
   peer->Signal(SIGKILL);
   BatchStatus s = e->WaitBatch(*id);
   EXPECT_LT(Clock::now() - start, 8s);
@@ -289,7 +291,8 @@ TEST_F(PeerProcessTest, StoppedPeerTimesOutAndRecovers) {
   ASSERT_TRUE(id.ok());
   BatchStatus s = e->WaitBatch(*id);
   const auto waited = Clock::now() - start;
-  EXPECT_LE(waited, 400ms + kSlack) << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
+  EXPECT_LE(waited, 400ms + kSlack)
+      << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
   EXPECT_EQ(s.pending, 0);
   EXPECT_EQ(s.timed_out, static_cast<int>(reqs.size()));
   EXPECT_EQ(s.state, TransferState::kTimedOut);

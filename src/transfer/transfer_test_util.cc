@@ -1,5 +1,13 @@
 #include "transfer/transfer_test_util.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -7,15 +15,6 @@
 #include <set>
 #include <sstream>
 #include <thread>
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include "common/subprocess.h"
 
@@ -136,8 +135,8 @@ bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeou
 }
 
 std::unique_ptr<PeerProcess> PeerProcess::Start(const std::string& metadata_uri,
-                                                const std::string& name,
-                                                const std::string& segment, uint64_t size) {
+                                                const std::string& name, const std::string& segment,
+                                                uint64_t size) {
   SpawnOptions o;
   o.argv = {TANDEM_TRANSFER_TEST_PEER, metadata_uri, name, segment, std::to_string(size)};
   o.pipe_stdin = true;

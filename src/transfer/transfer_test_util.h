@@ -2,14 +2,14 @@
 // /proc/self/maps), bounded waiting, and a peer process (transfer_test_peer) to kill or stop.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <sys/types.h>
 
 #include "transfer/metadata.h"
 #include "transfer/transfer_engine.h"
@@ -53,7 +53,7 @@ class PeerProcess {
 
  private:
   pid_t pid_ = -1;
-  int stdin_fd_ = -1;   // the child exits when this closes
+  int stdin_fd_ = -1;  // the child exits when this closes
   bool reaped_ = false;
 };
 

@@ -1,10 +1,3 @@
-#include "transfer/transfer_util.h"
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -13,6 +6,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "transfer/transfer_util_internal.h"
 
 namespace tandem::transfer {
 
@@ -30,13 +30,22 @@ void Mapping::Reset() {
 Status ErrnoStatus(const std::string& what, int err) {
   StatusCode code = StatusCode::kInternal;
   switch (err) {
-    case ENOENT: case ESRCH: code = StatusCode::kNotFound; break;
-    case EACCES: case EPERM: code = StatusCode::kFailedPrecondition; break;
-    case ENOMEM: case EMFILE: case ENFILE: case ENOSPC: code = StatusCode::kResourceExhausted; break;
+    case ENOENT:
+    case ESRCH: code = StatusCode::kNotFound; break;
+    case EACCES:
+    case EPERM: code = StatusCode::kFailedPrecondition; break;
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case ENOSPC: code = StatusCode::kResourceExhausted; break;
     case EINVAL: code = StatusCode::kInvalidArgument; break;
-    case ECONNREFUSED: case ECONNRESET: case EPIPE: case EHOSTUNREACH: case ENETUNREACH:
-    case ECONNABORTED: case ENOTCONN:
-      code = StatusCode::kUnavailable; break;
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case EPIPE:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ECONNABORTED:
+    case ENOTCONN: code = StatusCode::kUnavailable; break;
     case ETIMEDOUT: code = StatusCode::kDeadlineExceeded; break;
     default: break;
   }
@@ -73,7 +82,8 @@ StatusOr<std::pair<std::string, int>> ParseEndpoint(const std::string& endpoint)
     port_text = endpoint.substr(colon + 1);
   }
   if (port_text.empty() || port_text.size() > 5 ||
-      !std::all_of(port_text.begin(), port_text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      !std::all_of(port_text.begin(), port_text.end(),
+                   [](char c) { return c >= '0' && c <= '9'; })) {
     return InvalidArgument("bad port in endpoint '" + endpoint + "'");
   }
   const int port = std::stoi(port_text);
@@ -98,7 +108,8 @@ StatusOr<addrinfo*> Resolve(const std::string& host, int port, bool passive) {
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* res = nullptr;
   const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
   if (rc != 0 || res == nullptr) {
     return Unavailable("cannot resolve '" + host + "': " + ::gai_strerror(rc));
   }
@@ -115,7 +126,7 @@ int ReadSysctl(const char* path) {
 }  // namespace
 
 StatusOr<std::pair<UniqueFd, int>> ListenTcp(const std::string& host, int port) {
-  TANDEM_ASSIGN_OR_RETURN(addrinfo* res, Resolve(host, port, /*passive=*/true));
+  TANDEM_ASSIGN_OR_RETURN(addrinfo * res, Resolve(host, port, /*passive=*/true));
   Status last = Unavailable("no address for '" + host + "'");
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
@@ -167,10 +178,10 @@ void TuneDataSocket(int fd) {
 }
 
 StatusOr<UniqueFd> StartConnect(const std::string& host, int port) {
-  TANDEM_ASSIGN_OR_RETURN(addrinfo* res, Resolve(host, port, /*passive=*/false));
+  TANDEM_ASSIGN_OR_RETURN(addrinfo * res, Resolve(host, port, /*passive=*/false));
   // Only the first address is tried; endpoints are advertised as numeric addresses.
-  UniqueFd fd(::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                       res->ai_protocol));
+  UniqueFd fd(
+      ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, res->ai_protocol));
   if (!fd.valid()) {
     const int err = errno;
     ::freeaddrinfo(res);
@@ -193,15 +204,18 @@ Status FinishConnect(int fd, std::chrono::steady_clock::time_point deadline) {
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return ErrnoStatus("poll", errno);
     if (rc == 0) {
-      if (std::chrono::steady_clock::now() >= deadline) return DeadlineExceeded("connect timed out");
+      if (std::chrono::steady_clock::now() >= deadline)
+        return DeadlineExceeded("connect timed out");
       continue;
     }
     int err = 0;
     socklen_t len = sizeof(err);
-    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return ErrnoStatus("getsockopt", errno);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+      return ErrnoStatus("getsockopt", errno);
     if (err != 0) return ErrnoStatus("connect", err);
     const int flags = ::fcntl(fd, F_GETFL);
-    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) return ErrnoStatus("fcntl", errno);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+      return ErrnoStatus("fcntl", errno);
     return OkStatus();
   }
 }
@@ -243,7 +257,8 @@ IoResult SendAll(int fd, struct iovec* iov, int iovcnt, const std::function<bool
   return IoResult::kOk;
 }
 
-IoResult RecvExact(int fd, void* buf, size_t n, const std::function<bool()>& should_abort, int* err) {
+IoResult RecvExact(int fd, void* buf, size_t n, const std::function<bool()>& should_abort,
+                   int* err) {
   char* p = static_cast<char*>(buf);
   while (n > 0) {
     const ssize_t got = ::recv(fd, p, n, MSG_DONTWAIT);

@@ -17,18 +17,18 @@
 namespace tandem::transfer {
 
 struct TransportCaps {
-  bool same_host_only = false;   // shm
-  bool zero_copy = false;        // data moves without staging copies in our code
+  bool same_host_only = false;       // shm
+  bool zero_copy = false;            // data moves without staging copies in our code
   bool needs_shared_memory = false;  // target segment must be memfd-backed (AllocateSegment)
   uint64_t slice_bytes = 1 << 20;    // the engine splits longer requests into slices this big
 };
 
 // A local registered region as the transports see it.
 struct LocalRegion {
-  std::string segment_name;      // empty: local memory only, not published
+  std::string segment_name;  // empty: local memory only, not published
   void* base = nullptr;
   uint64_t size = 0;
-  int memfd = -1;                // >= 0 when allocated by AllocateSegment
+  int memfd = -1;  // >= 0 when allocated by AllocateSegment
   // Set once UnregisterSegment began: a transport serving this region as target stops at the
   // next chance (between socket reads) instead of writing into memory about to be released.
   const std::atomic<bool>* retiring = nullptr;

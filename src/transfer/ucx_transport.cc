@@ -59,7 +59,10 @@ class UcxRemoteSegment : public RemoteSegment {
  public:
   UcxRemoteSegment(SegmentDescriptor desc, std::shared_ptr<UcxWorker> worker, uint64_t peer_id,
                    uint64_t rkey_id, uint64_t base)
-      : desc_(std::move(desc)), worker_(std::move(worker)), peer_id_(peer_id), rkey_id_(rkey_id),
+      : desc_(std::move(desc)),
+        worker_(std::move(worker)),
+        peer_id_(peer_id),
+        rkey_id_(rkey_id),
         base_(base) {}
   ~UcxRemoteSegment() override {
     worker_->Post([w = worker_.get(), p = peer_id_, r = rkey_id_] { w->ReleaseRkey(p, r); });
@@ -97,8 +100,9 @@ class UcxTransport : public Transport {
     UcxWorker* w = worker_.get();
     void* base = region.base;
     const uint64_t size = region.size;
-    TANDEM_ASSIGN_OR_RETURN(std::string rkey, worker_->Call<std::string>(
-        [w, base, size, publish] { return w->MapRegion(base, size, publish); }));
+    TANDEM_ASSIGN_OR_RETURN(std::string rkey, worker_->Call<std::string>([w, base, size, publish] {
+      return w->MapRegion(base, size, publish);
+    }));
     if (publish) {
       char base_hex[32];
       std::snprintf(base_hex, sizeof(base_hex), "%llx",
@@ -133,8 +137,9 @@ class UcxTransport : public Transport {
     if (!parsed.ok()) return parsed.status().WithContext("segment '" + remote.name + "'");
     UcxWorker* w = worker_.get();
     auto addr = std::make_shared<UcxAddress>(std::move(*parsed));
-    TANDEM_ASSIGN_OR_RETURN(auto ids, (worker_->Call<std::pair<uint64_t, uint64_t>>(
-        [w, addr] { return w->Connect(*addr); })));
+    TANDEM_ASSIGN_OR_RETURN(
+        auto ids,
+        (worker_->Call<std::pair<uint64_t, uint64_t>>([w, addr] { return w->Connect(*addr); })));
     return std::unique_ptr<RemoteSegment>(
         new UcxRemoteSegment(remote, worker_, ids.first, ids.second, addr->base));
   }
@@ -161,10 +166,10 @@ class UcxTransport : public Transport {
     // The callback is copied into the task only if the task is queued; a refused Post leaves
     // `done` with us to report the failure.
     auto shared_done = std::make_shared<CompletionCallback>(std::move(done));
-    const bool queued = worker_->Post([w, write, peer, rkey, remote, local, length, deadline,
-                                       shared_done] {
-      w->StartOp(write, peer, rkey, remote, local, length, deadline, std::move(*shared_done));
-    });
+    const bool queued =
+        worker_->Post([w, write, peer, rkey, remote, local, length, deadline, shared_done] {
+          w->StartOp(write, peer, rkey, remote, local, length, deadline, std::move(*shared_done));
+        });
     if (!queued) (*shared_done)(Cancelled("ucx transport is stopped"));
   }
 

@@ -37,7 +37,7 @@ struct UcxTransportOptions {
   // The progress thread busy-polls while requests are in flight and this long (µs) after the
   // last activity (a target serving emulated RMA), then sleeps on UCX's wakeup fd.
   int progress_spin_us = 20000;
-  int open_timeout_ms = 5000;    // bound on OnRegister / Open waiting for the progress thread
+  int open_timeout_ms = 5000;  // bound on OnRegister / Open waiting for the progress thread
 };
 
 // Creates the UCP context, worker and progress thread. `host` (may be null in tests) outlives

@@ -62,8 +62,8 @@ StatusOr<Endpoint*> UcxWorker::CurrentEndpoint(Peer* peer) {
   // in its pending-queue purge, removed upstream later) when an endpoint is closed or its worker
   // destroyed while a handshake message is still queued. An endpoint that does not connect in
   // time is abandoned, never closed.
-  Status connected = WaitConnected(e.get(), std::chrono::milliseconds(
-                                                std::min(options_.open_timeout_ms / 2, 2000)));
+  Status connected = WaitConnected(
+      e.get(), std::chrono::milliseconds(std::min(options_.open_timeout_ms / 2, 2000)));
   if (!connected.ok()) {
     Abandon(e.get());
     return connected;
@@ -217,8 +217,7 @@ void UcxWorker::OnClosed(Endpoint* e) {
   // UCX is done with every request of the endpoint: report those whose completions it dropped.
   std::vector<Op*> ops(e->ops.begin(), e->ops.end());
   for (Op* op : ops) {
-    Finish(op, op->status.ok() ? Cancelled("ucx endpoint closed")
-                               : op->status);
+    Finish(op, op->status.ok() ? Cancelled("ucx endpoint closed") : op->status);
     all_ops_.erase(op);
     orphans_.insert(op);
   }

@@ -31,9 +31,9 @@ namespace tandem::transfer::internal {
 
 // The decoded form of SegmentDescriptor::ucx_address.
 struct UcxAddress {
-  std::string worker;   // raw ucp worker address bytes
-  uint64_t base = 0;    // the segment's virtual address in the owner
-  std::string rkey;     // raw packed rkey bytes
+  std::string worker;  // raw ucp worker address bytes
+  uint64_t base = 0;   // the segment's virtual address in the owner
+  std::string rkey;    // raw packed rkey bytes
 };
 
 // A Status for a failed UCX call: "what: <UCX's message>".
@@ -45,11 +45,11 @@ struct Endpoint;
 // One outstanding request. Owned by the worker (all_ops_); touched only on the progress thread.
 struct Op {
   UcxWorker* worker = nullptr;
-  CompletionCallback done;        // empty once called: the request's one terminal report
+  CompletionCallback done;  // empty once called: the request's one terminal report
   Clock::time_point deadline;
-  Endpoint* endpoint = nullptr;   // kept alive by the worker until shutdown
-  int refs = 0;                   // UCX completions still to come (the request, the flush)
-  Status status;                  // the report once UCX let go of the buffer (first error wins)
+  Endpoint* endpoint = nullptr;  // kept alive by the worker until shutdown
+  int refs = 0;                  // UCX completions still to come (the request, the flush)
+  Status status;                 // the report once UCX let go of the buffer (first error wins)
 };
 
 // Writes waiting for one endpoint flush (remote completion of every put issued before it).
@@ -68,8 +68,8 @@ struct Endpoint {
   ucp_ep_h ep = nullptr;
   bool closing = false;
   std::unordered_map<uint64_t, ucp_rkey_h> rkeys;  // by rkey id; unpacked for this endpoint
-  std::unordered_set<Op*> ops;                   // unreported requests issued on it
-  std::vector<Op*> unflushed;                    // writes issued since the last flush
+  std::unordered_set<Op*> ops;                     // unreported requests issued on it
+  std::vector<Op*> unflushed;                      // writes issued since the last flush
 };
 
 // A segment's packed rkey and base address in its owner.
@@ -81,8 +81,8 @@ struct RemoteKey {
 // A remote worker address; touched only on the progress thread.
 struct Peer {
   uint64_t id = 0;
-  std::string key;                                 // raw worker address
-  bool failed = false;                             // the peer died: no new endpoint
+  std::string key;      // raw worker address
+  bool failed = false;  // the peer died: no new endpoint
   Status error;
   std::unordered_map<uint64_t, RemoteKey> packed;  // by rkey id (one per opened segment)
   std::shared_ptr<Endpoint> current;               // null until needed
@@ -91,8 +91,8 @@ struct Peer {
 // A region of this process mapped with ucp_mem_map.
 struct MappedRegion {
   ucp_mem_h memh = nullptr;
-  uint64_t size = 0;              // bytes
-  std::string rkey_hex;           // empty for local-only regions
+  uint64_t size = 0;     // bytes
+  std::string rkey_hex;  // empty for local-only regions
 };
 
 // The UCP context, worker and progress thread. Shared by the transport and its remote segments
@@ -151,13 +151,13 @@ class UcxWorker {
   void Shutdown();
 
   const UcxTransportOptions options_;
-  const std::string name_;        // for logs
+  const std::string name_;  // for logs
   std::shared_ptr<spdlog::logger> log_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string worker_hex_;
-  int worker_efd_ = -1;           // -1: this worker cannot sleep on an fd; poll in short naps
-  int wake_fd_ = -1;              // eventfd: tasks are queued
+  int worker_efd_ = -1;  // -1: this worker cannot sleep on an fd; poll in short naps
+  int wake_fd_ = -1;     // eventfd: tasks are queued
   std::thread thread_;
   std::thread::id thread_id_;
 
@@ -166,16 +166,16 @@ class UcxWorker {
   bool stopping_ TANDEM_GUARDED_BY(mu_) = false;
 
   // Progress-thread state.
-  std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;   // by id
-  std::unordered_map<std::string, uint64_t> peer_ids_;          // live peers by worker address
+  std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;  // by id
+  std::unordered_map<std::string, uint64_t> peer_ids_;         // live peers by worker address
   // Every endpoint ever created: UCX callbacks carry raw pointers to them.
   std::vector<std::shared_ptr<Endpoint>> endpoints_;
-  std::vector<std::pair<Endpoint*, Status>> to_reset_;          // from UCX error callbacks
-  std::map<uintptr_t, MappedRegion> regions_;                   // by base address
-  std::unordered_set<Op*> all_ops_;                             // UCX may still report these
-  std::unordered_set<Op*> orphans_;   // reported after their endpoint closed; UCX should not
+  std::vector<std::pair<Endpoint*, Status>> to_reset_;  // from UCX error callbacks
+  std::map<uintptr_t, MappedRegion> regions_;           // by base address
+  std::unordered_set<Op*> all_ops_;                     // UCX may still report these
+  std::unordered_set<Op*> orphans_;  // reported after their endpoint closed; UCX should not
   std::unordered_set<FlushGroup*> flushes_;
-  int closing_ = 0;                                             // endpoint closes in progress
+  int closing_ = 0;  // endpoint closes in progress
   uint64_t next_id_ = 1;
   Clock::time_point next_deadline_check_{};
 };

@@ -3,6 +3,7 @@
 // and a dead peer fails requests instead of hanging them.
 #include "transfer/ucx_transport.h"
 
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,8 +19,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/subprocess.h"
 
@@ -198,8 +197,8 @@ TEST(UcxTransport, DestructionReportsEverything) {
   constexpr size_t kN = 64;
   Completions c(kN);
   for (size_t i = 0; i < kN; ++i) {
-    initiator->Submit(**seg, {OpCode::kWrite, local.data(), {}, 0, local.size()},
-                      Clock::now() + 5s, c.For(i));
+    initiator->Submit(**seg, {OpCode::kWrite, local.data(), {}, 0, local.size()}, Clock::now() + 5s,
+                      c.For(i));
   }
   initiator.reset();
   ASSERT_TRUE(c.WaitAll(5s));
@@ -277,8 +276,8 @@ TEST(UcxTransport, StalledPeerHitsTheDeadlineThenRecovers) {
   {
     Completions c(1);
     const auto start = Clock::now();
-    initiator->Submit(**seg, {OpCode::kWrite, local.data(), {}, 0, local.size()},
-                      start + 300ms, c.For(0));
+    initiator->Submit(**seg, {OpCode::kWrite, local.data(), {}, 0, local.size()}, start + 300ms,
+                      c.For(0));
     ASSERT_TRUE(c.WaitAll(3s)) << "a request to a stalled peer hung";
     EXPECT_EQ(c.status(0).code(), StatusCode::kDeadlineExceeded) << c.status(0).ToString();
     EXPECT_LT(Clock::now() - start, 300ms + kReapSlack);
@@ -286,8 +285,8 @@ TEST(UcxTransport, StalledPeerHitsTheDeadlineThenRecovers) {
   kill(pid, SIGCONT);
   {
     Completions c(1);
-    initiator->Submit(**seg, {OpCode::kRead, local.data(), {}, 0, local.size()},
-                      Clock::now() + 10s, c.For(0));
+    initiator->Submit(**seg, {OpCode::kRead, local.data(), {}, 0, local.size()}, Clock::now() + 10s,
+                      c.For(0));
     ASSERT_TRUE(c.WaitAll(12s));
     EXPECT_TRUE(c.status(0).ok()) << c.status(0).ToString();
   }
@@ -322,8 +321,8 @@ TEST(UcxTransport, PeerDeathFailsRequests) {
   for (int attempt = 0; attempt < 20 && !saw_unavailable; ++attempt) {
     Completions c(1);
     const auto start = Clock::now();
-    initiator->Submit(**seg, {OpCode::kRead, local.data(), {}, 0, local.size()},
-                      start + 2s, c.For(0));
+    initiator->Submit(**seg, {OpCode::kRead, local.data(), {}, 0, local.size()}, start + 2s,
+                      c.For(0));
     ASSERT_TRUE(c.WaitAll(4s)) << "a request to a dead peer hung";
     EXPECT_FALSE(c.status(0).ok());
     saw_unavailable = c.status(0).code() == StatusCode::kUnavailable;

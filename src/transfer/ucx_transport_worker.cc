@@ -3,10 +3,9 @@
 // shutdown). Endpoints and connections are in ucx_transport_endpoint.cc.
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdarg>
@@ -61,7 +60,7 @@ void InstallUcxLogHandler() {
 }  // namespace
 
 Status UcsStatus(const std::string& what, ucs_status_t st) {
-  const StatusCode code = (st == UCS_ERR_CANCELED) ? StatusCode::kCancelled
+  const StatusCode code = (st == UCS_ERR_CANCELED)        ? StatusCode::kCancelled
                           : (st == UCS_ERR_INVALID_PARAM) ? StatusCode::kInvalidArgument
                                                           : StatusCode::kUnavailable;
   return Status(code, what + ": " + ucs_status_string(st));
@@ -243,7 +242,8 @@ void UcxWorker::StartOp(bool write, uint64_t peer_id, uint64_t rkey_id, uint64_t
   }
   auto it = peers_.find(peer_id);
   if (it == peers_.end() || it->second->failed) {
-    done(Unavailable(it == peers_.end() ? std::string("ucx peer is gone") : it->second->error.message()));
+    done(Unavailable(it == peers_.end() ? std::string("ucx peer is gone")
+                                        : it->second->error.message()));
     return;
   }
   if (Clock::now() >= deadline) {
@@ -285,8 +285,8 @@ void UcxWorker::StartOp(bool write, uint64_t peer_id, uint64_t rkey_id, uint64_t
     }
   }
   const ucs_status_ptr_t sp = write
-      ? ucp_put_nbx(e->ep, local, length, remote_addr, rk->second, &p)
-      : ucp_get_nbx(e->ep, local, length, remote_addr, rk->second, &p);
+                                  ? ucp_put_nbx(e->ep, local, length, remote_addr, rk->second, &p)
+                                  : ucp_get_nbx(e->ep, local, length, remote_addr, rk->second, &p);
   if (UCS_PTR_IS_ERR(sp)) {
     e->ops.erase(op);
     all_ops_.erase(op);
@@ -298,7 +298,7 @@ void UcxWorker::StartOp(bool write, uint64_t peer_id, uint64_t rkey_id, uint64_t
   ++op->refs;                     // held by this function until the end
   if (sp != nullptr) ++op->refs;  // OnRequestDone will come
   if (write) {
-    ++op->refs;                   // the flush that makes the put remotely complete
+    ++op->refs;  // the flush that makes the put remotely complete
     e->unflushed.push_back(op);
   }
   Release(op, UCS_OK);

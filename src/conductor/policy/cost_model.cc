@@ -2,9 +2,8 @@
 
 #include <array>
 #include <cmath>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 namespace tandem::conductor {
 namespace {
@@ -117,9 +116,11 @@ StatusOr<CostModel> CostModel::FromJson(const std::string& text) {
     const json j = json::parse(text);
     if (!j.is_object()) return InvalidArgument("a cost profile must be a JSON object");
     auto number = [&](const char* key, double* out) -> Status {
-      if (!j.contains(key)) return InvalidArgument(std::string("cost profile: '") + key + "' is missing");
+      if (!j.contains(key))
+        return InvalidArgument(std::string("cost profile: '") + key + "' is missing");
       const json& v = j.at(key);
-      if (!v.is_number()) return InvalidArgument(std::string("cost profile: '") + key + "' must be a number");
+      if (!v.is_number())
+        return InvalidArgument(std::string("cost profile: '") + key + "' must be a number");
       *out = v.get<double>();
       if (!std::isfinite(*out) || *out < 0) {
         return InvalidArgument(std::string("cost profile: '") + key + "' must be finite and >= 0");
@@ -170,8 +171,9 @@ StatusOr<CostModel> FitCostModel(std::span<const PrefillSample> prefill,
   m.decode_per_seq_s = d[1];
   m.decode_per_context_token_s = d[2];
   if (!m.valid()) {
-    return InvalidArgument("the samples do not fit a cost model (no per-token prefill cost or "
-                           "no decode step cost)");
+    return InvalidArgument(
+        "the samples do not fit a cost model (no per-token prefill cost or "
+        "no decode step cost)");
   }
   return m;
 }

@@ -30,7 +30,7 @@ struct CostModel {
   double decode_per_seq_s = 0;
   double decode_per_context_token_s = 0;
   // What the profile was measured on (the key a saved profile is found under).
-  std::string model;   // model file name
+  std::string model;  // model file name
   int threads = 0;
   std::string cpu;     // e.g. the model name of /proc/cpuinfo
   std::string source;  // "calibrated", "file:<path>", ...

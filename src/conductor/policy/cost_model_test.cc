@@ -31,8 +31,10 @@ TEST(CostModelTest, FitRecoversExactCoefficients) {
   auto m = FitCostModel(p, d);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   // Exact data: the fit reproduces every sample to rounding (relative 1e-6).
-  for (const auto& s : p) EXPECT_NEAR(m->PrefillSeconds(s.new_tokens, s.cached_tokens), s.seconds, s.seconds * 1e-6);
-  for (const auto& s : d) EXPECT_NEAR(m->DecodeStepSeconds(s.batch, s.context_tokens), s.seconds, s.seconds * 1e-6);
+  for (const auto& s : p)
+    EXPECT_NEAR(m->PrefillSeconds(s.new_tokens, s.cached_tokens), s.seconds, s.seconds * 1e-6);
+  for (const auto& s : d)
+    EXPECT_NEAR(m->DecodeStepSeconds(s.batch, s.context_tokens), s.seconds, s.seconds * 1e-6);
   EXPECT_NEAR(m->decode_base_s, t.decode_base_s, 1e-9);
   EXPECT_NEAR(m->prefill_per_token_s, t.prefill_per_token_s, 1e-9);
 }
@@ -40,7 +42,8 @@ TEST(CostModelTest, FitRecoversExactCoefficients) {
 TEST(CostModelTest, NegativeCoefficientsAreDroppedNotKept) {
   // Decode steps that get faster with context (noise) must not yield a negative coefficient.
   std::vector<PrefillSample> p = {{16, 0, 0.02}, {64, 0, 0.06}, {256, 0, 0.22}};
-  std::vector<DecodeSample> d = {{1, 100, 0.0110}, {1, 1000, 0.0100}, {8, 800, 0.0150}, {8, 8000, 0.0140}};
+  std::vector<DecodeSample> d = {
+      {1, 100, 0.0110}, {1, 1000, 0.0100}, {8, 800, 0.0150}, {8, 8000, 0.0140}};
   auto m = FitCostModel(p, d);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_GE(m->decode_per_context_token_s, 0);

@@ -29,7 +29,9 @@ int CachedTokens(const WorkerSnapshot& w, const RequestShape& r) {
   return std::min(w.cached_prompt_tokens, r.prompt_tokens - 1) / bt * bt;
 }
 
-std::string Ms(double s) { return std::to_string(static_cast<int64_t>(std::llround(s * 1000))) + " ms"; }
+std::string Ms(double s) {
+  return std::to_string(static_cast<int64_t>(std::llround(s * 1000))) + " ms";
+}
 
 }  // namespace
 
@@ -94,7 +96,8 @@ double PredictTbt(const WorkerSnapshot& d, const RequestShape& r, double join_s)
   const int64_t tokens = std::max(1, r.expected_output_tokens);
   const int64_t chunk = std::max<int64_t>(1, d.max_batch_tokens - batch);
   const double chunk_s = d.cost.PrefillSeconds(chunk, 0);
-  return step + std::min(local_work, static_cast<double>(tokens) * chunk_s) / static_cast<double>(tokens);
+  return step +
+         std::min(local_work, static_cast<double>(tokens) * chunk_s) / static_cast<double>(tokens);
 }
 
 double PredictRemoteTtft(const WorkerSnapshot& prefill, const RequestShape& r) {
@@ -134,9 +137,7 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
   if (!prefillers.empty()) {
     int best = prefillers[0];
     switch (o.policy) {
-      case PlacementPolicy::kRandom:
-        best = prefillers[o.random_draw % prefillers.size()];
-        break;
+      case PlacementPolicy::kRandom: best = prefillers[o.random_draw % prefillers.size()]; break;
       case PlacementPolicy::kLoadBalance:
         for (int i : prefillers) {
           if (LoadKey(workers[i]) < LoadKey(workers[best])) best = i;
@@ -155,7 +156,8 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
         auto key = [&](int i) {
           const double ttft = predict ? PredictRemoteTtft(workers[i], r) : 0.0;
           const bool too_busy = !predict && workers[i].inflight > max_inflight;
-          return std::make_tuple(too_busy, ttft, -workers[i].cached_prompt_tokens, LoadKey(workers[i]));
+          return std::make_tuple(too_busy, ttft, -workers[i].cached_prompt_tokens,
+                                 LoadKey(workers[i]));
         };
         for (int i : prefillers) {
           if (key(i) < key(best)) best = i;
@@ -174,7 +176,8 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
     const WorkerSnapshot& w = workers[i];
     if (!w.healthy || w.role == WorkerRole::kPrefill) continue;
     any_decoder = true;
-    if (DecodeBlocksNeeded(r.prompt_tokens, CachedTokens(w, r), w.block_tokens) <= w.kv_free_blocks) {
+    if (DecodeBlocksNeeded(r.prompt_tokens, CachedTokens(w, r), w.block_tokens) <=
+        w.kv_free_blocks) {
       decoders.push_back(i);
     }
   }
@@ -275,10 +278,10 @@ Placement Place(std::span<const WorkerSnapshot> workers, const RequestShape& r,
   if (p.local) {
     p.prefill = -1;
     p.predicted_ttft_s = d.cost.valid() ? local_ttft : 0;
-    p.predicted_prefill_s =
-        d.cost.valid() ? d.cost.PrefillSeconds(r.prompt_tokens - p.decode_cached_tokens,
-                                               p.decode_cached_tokens)
-                       : 0;
+    p.predicted_prefill_s = d.cost.valid()
+                                ? d.cost.PrefillSeconds(r.prompt_tokens - p.decode_cached_tokens,
+                                                        p.decode_cached_tokens)
+                                : 0;
   } else {
     const WorkerSnapshot& pw = workers[p.prefill];
     p.predicted_ttft_s = std::isfinite(remote_ttft) ? remote_ttft : 0;

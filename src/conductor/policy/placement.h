@@ -63,15 +63,15 @@ struct WorkerSnapshot {
   std::string name;
   WorkerRole role = WorkerRole::kMixed;
   bool healthy = false;
-  int inflight = 0;             // requests placed there and not finished (any role)
-  int kv_free_blocks = 0;       // free + evictable, minus blocks promised since the last report
+  int inflight = 0;        // requests placed there and not finished (any role)
+  int kv_free_blocks = 0;  // free + evictable, minus blocks promised since the last report
   int block_tokens = 16;
-  int cached_prompt_tokens = 0; // tokens of this prompt's prefix it holds (whole blocks)
-  double prefill_queue_s = 0;   // predicted prefill work placed there, not yet done
+  int cached_prompt_tokens = 0;          // tokens of this prompt's prefix it holds (whole blocks)
+  double prefill_queue_s = 0;            // predicted prefill work placed there, not yet done
   std::vector<DecodeSequence> decoding;  // decode side: its batch
-  CostModel cost;               // invalid: no predictions (falls back to load)
-  double kv_transfer_s = 0;     // measured tail of KV pushes from this prefill worker
-  int max_batch_tokens = 256;   // tokens per step (the chunk of a local prefill)
+  CostModel cost;                        // invalid: no predictions (falls back to load)
+  double kv_transfer_s = 0;              // measured tail of KV pushes from this prefill worker
+  int max_batch_tokens = 256;            // tokens per step (the chunk of a local prefill)
 };
 
 struct RequestShape {
@@ -94,7 +94,7 @@ struct PlacementOptions {
   // reservations that no longer fit there come back as waits (the simulator measured twice
   // the KV waits, and the TTFT misses they cause, at a 200 ms TBT SLO).
   bool pack_decode = false;
-  uint64_t random_draw = 0;         // kRandom: the caller's random number
+  uint64_t random_draw = 0;  // kRandom: the caller's random number
 };
 
 struct Placement {
@@ -105,16 +105,16 @@ struct Placement {
     kNoWorker,  // no healthy decode worker (reason "no_decode_worker"): 503
   };
   Outcome outcome = Outcome::kNoWorker;
-  int prefill = -1;             // index into the snapshot; -1 when local
-  int decode = -1;              // index into the snapshot
-  bool local = false;           // the decode worker computes the prompt
-  std::string reason;           // short code, for metrics
-  std::string message;          // for the client
-  double predicted_ttft_s = 0;  // of the chosen placement (0 without a cost model)
-  double predicted_tbt_s = 0;   // decode step time once joined (0 without a cost model)
+  int prefill = -1;                // index into the snapshot; -1 when local
+  int decode = -1;                 // index into the snapshot
+  bool local = false;              // the decode worker computes the prompt
+  std::string reason;              // short code, for metrics
+  std::string message;             // for the client
+  double predicted_ttft_s = 0;     // of the chosen placement (0 without a cost model)
+  double predicted_tbt_s = 0;      // decode step time once joined (0 without a cost model)
   double predicted_prefill_s = 0;  // the prefill part of predicted_ttft_s
-  double retry_after_s = 0;     // kReject / kWait: when trying again may succeed
-  int decode_cached_tokens = 0; // prompt tokens the decode worker already holds
+  double retry_after_s = 0;        // kReject / kWait: when trying again may succeed
+  int decode_cached_tokens = 0;    // prompt tokens the decode worker already holds
 };
 
 // Fresh KV blocks a decode worker reserves for a prompt of `prompt_tokens` (plus the first

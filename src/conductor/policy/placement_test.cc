@@ -44,7 +44,8 @@ PlacementOptions Opts(PlacementPolicy p = PlacementPolicy::kCacheLoad,
 }
 
 TEST(PlacementTest, CacheLoadPrefersTheHolderOfTheLongestPrefixWhenIdle) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("p1", WorkerRole::kPrefill),
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("p1", WorkerRole::kPrefill),
                                    Worker("d0", WorkerRole::kDecode)};
   w[1].cached_prompt_tokens = 800;
   const Placement p = Place(w, Prompt(1000), Opts());
@@ -59,7 +60,8 @@ TEST(PlacementTest, CacheLoadPrefersTheHolderOfTheLongestPrefixWhenIdle) {
 // Colocated (mixed workers only): the prompt is computed where it decodes, so the worker that
 // answers first wins: the holder of the prefix when idle, an idle one when the holder is busy.
 TEST(PlacementTest, ColocatedPicksTheLowestPredictedTtft) {
-  std::vector<WorkerSnapshot> w = {Worker("m0", WorkerRole::kMixed), Worker("m1", WorkerRole::kMixed)};
+  std::vector<WorkerSnapshot> w = {Worker("m0", WorkerRole::kMixed),
+                                   Worker("m1", WorkerRole::kMixed)};
   w[1].cached_prompt_tokens = 800;
   Placement p = Place(w, Prompt(1000), Opts());
   ASSERT_EQ(p.outcome, Placement::Outcome::kPlaced);
@@ -73,7 +75,8 @@ TEST(PlacementTest, ColocatedPicksTheLowestPredictedTtft) {
 }
 
 TEST(PlacementTest, CacheLoadLeavesABusyHolderForAnIdleWorker) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("p1", WorkerRole::kPrefill),
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("p1", WorkerRole::kPrefill),
                                    Worker("d0", WorkerRole::kDecode)};
   w[1].cached_prompt_tokens = 800;
   w[1].prefill_queue_s = 2.0;  // holder busy: 2.2 s there against 1.0 s recomputing on p0
@@ -93,7 +96,8 @@ TEST(PlacementTest, CacheLoadLeavesABusyHolderForAnIdleWorker) {
 }
 
 TEST(PlacementTest, RandomUsesTheDraw) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("p1", WorkerRole::kPrefill),
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("p1", WorkerRole::kPrefill),
                                    Worker("d0", WorkerRole::kDecode)};
   PlacementOptions o = Opts(PlacementPolicy::kRandom);
   o.random_draw = 0;
@@ -103,7 +107,8 @@ TEST(PlacementTest, RandomUsesTheDraw) {
 }
 
 TEST(PlacementTest, NoRoomForKvIsAWaitNotARejection) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode)};
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("d0", WorkerRole::kDecode)};
   w[1].kv_free_blocks = 10;  // 1000 tokens need 63 blocks of 16
   Placement p = Place(w, Prompt(1000), Opts());
   EXPECT_EQ(p.outcome, Placement::Outcome::kWait);
@@ -116,14 +121,16 @@ TEST(PlacementTest, NoRoomForKvIsAWaitNotARejection) {
 }
 
 TEST(PlacementTest, NoDecodeWorkerIsUnavailable) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode)};
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("d0", WorkerRole::kDecode)};
   w[1].healthy = false;
   const Placement p = Place(w, Prompt(10), Opts());
   EXPECT_EQ(p.outcome, Placement::Outcome::kNoWorker);
 }
 
 TEST(PlacementTest, TtftSloRejectsBeforeAnyWork) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode)};
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("d0", WorkerRole::kDecode)};
   w[0].prefill_queue_s = 3.0;
   w[1].decoding.resize(200, DecodeSequence{100, 0, 10});  // a busy decoder: local is slow too
   RequestShape r = Prompt(1000);
@@ -140,7 +147,8 @@ TEST(PlacementTest, TtftSloRejectsBeforeAnyWork) {
 TEST(PlacementTest, PredictiveAdmissionLooksAtTheBatchWhenThePrefillEnds) {
   // The decode worker is full now (30 sequences: 10 + 31 ms > 40 ms with us), but they all end
   // within 0.5 s, before this 1 s prefill is done.
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode)};
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("d0", WorkerRole::kDecode)};
   w[1].decoding.resize(30, DecodeSequence{100, 0, 0.5});
   RequestShape r = Prompt(1000);
   r.slo_tbt_s = 0.040;
@@ -157,7 +165,8 @@ TEST(PlacementTest, PredictiveAdmissionLooksAtTheBatchWhenThePrefillEnds) {
 }
 
 TEST(PlacementTest, DecodeSpreadsOrPacksWithinTheTbtSlo) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode),
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("d0", WorkerRole::kDecode),
                                    Worker("d1", WorkerRole::kDecode)};
   w[1].decoding.resize(5, DecodeSequence{100, 0, 100});
   RequestShape r = Prompt(100);
@@ -166,9 +175,9 @@ TEST(PlacementTest, DecodeSpreadsOrPacksWithinTheTbtSlo) {
   EXPECT_EQ(Place(w, r, Opts()).decode, 2);  // by default the lowest predicted TBT
   PlacementOptions pack = Opts();
   pack.pack_decode = true;
-  EXPECT_EQ(Place(w, r, pack).decode, 1);    // both meet 50 ms: pack onto the busier
+  EXPECT_EQ(Place(w, r, pack).decode, 1);  // both meet 50 ms: pack onto the busier
   w[1].decoding.resize(45, DecodeSequence{100, 0, 100});
-  EXPECT_EQ(Place(w, r, pack).decode, 2);    // d0 would break it
+  EXPECT_EQ(Place(w, r, pack).decode, 2);  // d0 would break it
 }
 
 TEST(PlacementTest, LocalPrefillWorkQueuedOnADecoderStretchesItsTbt) {
@@ -188,7 +197,8 @@ TEST(PlacementTest, LocalPrefillWorkQueuedOnADecoderStretchesItsTbt) {
 }
 
 TEST(PlacementTest, ConditionalDisaggregationComputesShortPromptsLocally) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("d0", WorkerRole::kDecode)};
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("d0", WorkerRole::kDecode)};
   w[0].prefill_queue_s = 1.0;  // the prefill worker is backed up
   RequestShape r = Prompt(40);
   r.slo_tbt_s = 0.100;
@@ -221,7 +231,8 @@ TEST(PlacementTest, ConditionalDisaggregationComputesShortPromptsLocally) {
 }
 
 TEST(PlacementTest, ExcludedPrefillWorkersAreSkipped) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("p1", WorkerRole::kPrefill),
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("p1", WorkerRole::kPrefill),
                                    Worker("d0", WorkerRole::kDecode)};
   PlacementOptions o = Opts();
   o.allow_local_prefill = false;
@@ -233,7 +244,8 @@ TEST(PlacementTest, ExcludedPrefillWorkersAreSkipped) {
 }
 
 TEST(PlacementTest, WithoutCostModelsPlacementFallsBackToCacheThenLoad) {
-  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill), Worker("p1", WorkerRole::kPrefill),
+  std::vector<WorkerSnapshot> w = {Worker("p0", WorkerRole::kPrefill),
+                                   Worker("p1", WorkerRole::kPrefill),
                                    Worker("d0", WorkerRole::kDecode)};
   for (auto& x : w) x.cost = CostModel{};
   w[1].cached_prompt_tokens = 64;
@@ -244,8 +256,8 @@ TEST(PlacementTest, WithoutCostModelsPlacementFallsBackToCacheThenLoad) {
 }
 
 TEST(PlacementTest, PolicyNamesRoundTrip) {
-  for (auto p : {PlacementPolicy::kRandom, PlacementPolicy::kLoadBalance, PlacementPolicy::kCacheAware,
-                 PlacementPolicy::kCacheLoad}) {
+  for (auto p : {PlacementPolicy::kRandom, PlacementPolicy::kLoadBalance,
+                 PlacementPolicy::kCacheAware, PlacementPolicy::kCacheLoad}) {
     EXPECT_EQ(*ParsePlacementPolicy(PlacementPolicyName(p)), p);
   }
   EXPECT_FALSE(ParsePlacementPolicy("fastest").ok());

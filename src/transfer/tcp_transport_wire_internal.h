@@ -16,26 +16,30 @@
 
 namespace tandem::transfer::wire {
 
-inline constexpr uint32_t kMagic = 0x31584454;          // "TDX1"
+inline constexpr uint32_t kMagic = 0x31584454;  // "TDX1"
 inline constexpr size_t kHeaderBytes = 40;
-inline constexpr uint32_t kMaxNameBytes = 4096;         // segment / sender names, error texts
-inline constexpr uint64_t kMaxNotifyBytes = 64 << 10;   // notification messages
+inline constexpr uint32_t kMaxNameBytes = 4096;        // segment / sender names, error texts
+inline constexpr uint64_t kMaxNotifyBytes = 64 << 10;  // notification messages
 
 enum class MsgType : uint8_t { kWrite = 1, kRead = 2, kNotify = 3, kReply = 4 };
 
 struct Header {
   MsgType type = MsgType::kReply;
-  uint8_t code = 0;        // reply: StatusCode
-  uint64_t id = 0;         // chosen by the initiator, unique per connection
-  uint64_t offset = 0;     // bytes from the segment base
-  uint64_t length = 0;     // payload bytes (write / read / reply), message bytes (notify)
-  uint32_t name_len = 0;   // segment name (requests) or error text (replies)
-  uint32_t from_len = 0;   // notify: sender name
+  uint8_t code = 0;       // reply: StatusCode
+  uint64_t id = 0;        // chosen by the initiator, unique per connection
+  uint64_t offset = 0;    // bytes from the segment base
+  uint64_t length = 0;    // payload bytes (write / read / reply), message bytes (notify)
+  uint32_t name_len = 0;  // segment name (requests) or error text (replies)
+  uint32_t from_len = 0;  // notify: sender name
 };
 
 namespace detail {
-inline void Put32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i)); }
-inline void Put64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i)); }
+inline void Put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+inline void Put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i));
+}
 inline uint32_t Get32(const uint8_t* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t(p[i]) << (8 * i);

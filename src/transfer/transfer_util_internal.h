@@ -2,15 +2,15 @@
 // and small host facts shared by the engine core and its transports.
 #pragma once
 
+#include <sys/uio.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
-#include <atomic>
-#include <functional>
-
-#include <sys/uio.h>
 
 #include "common/status.h"
 
@@ -110,6 +110,7 @@ IoResult SendAll(int fd, struct iovec* iov, int iovcnt, const std::function<bool
 // Receives exactly n bytes into buf. Waits with poll() in slices of at most 20 ms; between
 // slices calls should_abort() and returns kAborted when it says so. kClosed on EOF (also in the
 // middle of the range), kError with *err = errno on a socket error.
-IoResult RecvExact(int fd, void* buf, size_t n, const std::function<bool()>& should_abort, int* err);
+IoResult RecvExact(int fd, void* buf, size_t n, const std::function<bool()>& should_abort,
+                   int* err);
 
 }  // namespace tandem::transfer
