@@ -136,10 +136,11 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, Clock::t
     if (r.block_tokens == s.block_tokens && r.prompt_tokens > 1) {
       const size_t max_blocks = std::min<size_t>(
           r.keys.size(), static_cast<size_t>((r.prompt_tokens - 1) / s.block_tokens));
+      const auto& worker = w;  // a lambda may not capture a structured binding (clang 14)
       auto held = [&](uint64_t key) {
-        if (w.reported_keys.count(key)) return true;
-        const auto it = w.placed_keys.find(key);
-        return it != w.placed_keys.end() && it->second.seq < r.seq;
+        if (worker.reported_keys.count(key)) return true;
+        const auto it = worker.placed_keys.find(key);
+        return it != worker.placed_keys.end() && it->second.seq < r.seq;
       };
       size_t hit = 0;
       while (hit < max_blocks && held(r.keys[hit])) ++hit;

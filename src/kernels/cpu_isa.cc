@@ -1,7 +1,10 @@
 // Instruction-set detection and the process-wide choice of kernel table.
 #include "kernels/cpu_isa.h"
 
+#include <cpuid.h>
+
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/isa_internal.h"
@@ -11,16 +14,38 @@ namespace {
 
 using internal::IsaImpl;
 
+// cpuid and XCR0 directly (not __builtin_cpu_supports, whose feature names differ between
+// compilers): a feature counts only when the CPU has it and the OS saves its registers.
+uint64_t ReadXcr0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 CpuFeatures Detect() {
-  __builtin_cpu_init();
+  auto bit = [](uint32_t reg, int b) { return ((reg >> b) & 1u) != 0; };
+  uint32_t a = 0, b = 0, c = 0, d = 0;
   CpuFeatures f;
-  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-  f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vnni");
-  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
-  f.avx512_fp16 = f.avx512 && __builtin_cpu_supports("avx512fp16");
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool fma = bit(c, 12), f16c = bit(c, 29), osxsave = bit(c, 27), avx = bit(c, 28);
+  if (!osxsave || !avx) return f;
+  const uint64_t xcr0 = ReadXcr0();
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;    // XMM and YMM state
+  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
+  if (__get_cpuid_max(0, nullptr) < 7) return f;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = bit(b, 5), avx512f = bit(b, 16), avx512dq = bit(b, 17), avx512bw = bit(b, 30),
+             avx512vl = bit(b, 31), avx512vnni = bit(c, 11), avx512fp16 = bit(d, 23);
+  const uint32_t max_leaf7 = a;
+  bool avx512bf16 = false;
+  if (max_leaf7 >= 1) {
+    __cpuid_count(7, 1, a, b, c, d);
+    avx512bf16 = bit(a, 5);
+  }
+  f.avx2 = os_ymm && avx2 && fma && f16c;
+  f.avx512 = f.avx2 && os_zmm && avx512f && avx512bw && avx512vl && avx512dq && avx512vnni;
+  f.avx512_bf16 = f.avx512 && avx512bf16;
+  f.avx512_fp16 = f.avx512 && avx512fp16;
   return f;
 }
 

@@ -5,7 +5,7 @@
 
 namespace tandem::kernels {
 
-// What the CPU can run, detected once (cpuid via __builtin_cpu_supports).
+// What the CPU can run (and the OS enables), detected once from cpuid and XCR0.
 struct CpuFeatures {
   bool avx2 = false;         // AVX2 + FMA + F16C: the "avx2" path
   bool avx512 = false;       // + AVX-512 F/BW/VL/DQ/VNNI: the "avx512" path
