@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/check.h"
+#include "common/http_status.h"
 
 namespace tandem {
 namespace {
@@ -46,6 +47,24 @@ TEST(CheckDeathTest, FailedCheckNamesConditionAndContext) {
   TANDEM_CHECK(n == 7) << "never printed";
   EXPECT_DEATH(TANDEM_CHECK(n % 2 == 0) << "n=" << n, "check failed: n % 2 == 0 n=7");
   EXPECT_DEATH(TANDEM_CHECK_OK(InvalidArgument("bad")), "INVALID_ARGUMENT: bad");
+}
+
+// Every code the HTTP services produce comes back as a code with the same HTTP status, and the
+// canonical ones as themselves.
+TEST(HttpStatusTest, StatusCodesSurviveTheRoundTrip) {
+  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    const auto code = static_cast<StatusCode>(c);
+    const int http = HttpStatusFor(code);
+    EXPECT_EQ(HttpStatusFor(StatusCodeForHttp(http)), http) << StatusCodeName(code);
+  }
+  for (StatusCode code :
+       {StatusCode::kOk, StatusCode::kInvalidArgument, StatusCode::kNotFound,
+        StatusCode::kResourceExhausted, StatusCode::kUnimplemented, StatusCode::kUnavailable,
+        StatusCode::kDeadlineExceeded, StatusCode::kInternal}) {
+    EXPECT_EQ(StatusCodeForHttp(HttpStatusFor(code)), code) << StatusCodeName(code);
+  }
+  EXPECT_EQ(StatusCodeForHttp(418), StatusCode::kInternal);
+  EXPECT_EQ(StatusCodeForHttp(204), StatusCode::kOk);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The "http://host:port" store: the client of MetadataHttpServer's protocol (described in
 // metadata_http_server.cc). Leases are handled by LeasedStore; this file only speaks the wire.
+#include "common/http_status.h"
 #include "transfer/metadata_http_protocol_internal.h"
 #include "transfer/metadata_internal.h"
 #include "transfer/metadata_leased.h"
@@ -79,20 +80,17 @@ class HttpBackend final : public KvBackend {
   }
 
  private:
-  // POSTs and maps the HTTP status: 200 -> body, 404 -> NotFound, 400 -> InvalidArgument.
+  // POSTs and maps the HTTP status back to a Status (common/http_status.h): 200 -> body,
+  // 404 -> NotFound, 400 -> InvalidArgument, ...
   StatusOr<json> Call(const char* path, const json& request) {
     TANDEM_ASSIGN_OR_RETURN(JsonReply reply, PostJson(host_, port_, path, request, timeout_));
     const std::string why = reply.body.is_object() && reply.body.contains("error")
                                 ? reply.body["error"].dump()
                                 : reply.body.dump();
-    switch (reply.http_status) {
-      case 200: return reply.body.is_object() ? reply.body : json::object();
-      case 404: return NotFound(Describe() + path + ": " + why);
-      case 400: return InvalidArgument(Describe() + path + ": " + why);
-      default:
-        return Internal(Describe() + path + " answered HTTP " + std::to_string(reply.http_status) +
-                        ": " + why);
-    }
+    const StatusCode code = StatusCodeForHttp(reply.http_status);
+    if (code == StatusCode::kOk) return reply.body.is_object() ? reply.body : json::object();
+    return Status(code, Describe() + path + " answered HTTP " + std::to_string(reply.http_status) +
+                            ": " + why);
   }
 
   const std::string host_;
