@@ -26,7 +26,7 @@ class TempFile {
   const std::string& path() const { return path_; }
   void Write(const std::vector<uint8_t>& bytes) const {
     FILE* f = std::fopen(path_.c_str(), "wb");
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    if (!bytes.empty()) std::fwrite(bytes.data(), 1, bytes.size(), f);  // data() may be null
     std::fclose(f);
   }
 
