@@ -1,7 +1,6 @@
 #include "bench/transfer_bench.h"
 
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -252,15 +251,13 @@ class SpawnedTarget {
 
   Status Start(const TransferBenchOptions& f, const Plan& p, const std::string& metadata,
                const std::string& segment) {
-    std::vector<std::string> args = {
-        "tandem", "transfer-bench", "--mode", "target", "--protocol", f.protocol, "--metadata",
-        metadata, "--segment", segment, "--buffer-size", std::to_string(p.buffer), "--listen-host",
-        f.listen_host,
-        // Bounded life even if this process vanishes without stopping it.
-        "--lifetime", std::to_string(p.duration_s + 120)};
-    args[0] = "/proc/self/exe";  // this binary, as `tandem transfer-bench --mode target`
+    // This binary again, as `tandem transfer-bench --mode target`.
     SpawnOptions o;
-    o.argv = args;
+    o.argv = {"/proc/self/exe", "transfer-bench", "--mode", "target", "--protocol", f.protocol,
+              "--metadata", metadata, "--segment", segment, "--buffer-size",
+              std::to_string(p.buffer), "--listen-host", f.listen_host,
+              // Bounded life even if this process vanishes without stopping it.
+              "--lifetime", std::to_string(p.duration_s + 120)};
     o.death_signal = SIGTERM;
     o.unblock_signals = false;
     o.pipe_stdout = true;

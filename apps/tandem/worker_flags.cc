@@ -45,20 +45,19 @@ void AddWorkerFlags(CLI::App* cmd, WorkerFlags& f) {
 }
 
 std::vector<std::string> WorkerArgv(const WorkerFlags& f) {
-  std::vector<std::string> argv = {"--role",
-                                   f.role,
-                                   "--metadata",
-                                   f.metadata,
-                                   "--host",
-                                   f.host,
-                                   "--port",
-                                   std::to_string(f.port),
-                                   "--threads",
-                                   std::to_string(f.threads),
-                                   "--kv-cache-tokens",
-                                   std::to_string(f.kv_cache_tokens)};
-  if (!f.name.empty()) argv.insert(argv.end(), {"--name", f.name});
-  if (!f.model.empty()) argv.insert(argv.end(), {"--model", f.model});
+  std::vector<std::string> argv;
+  auto add = [&argv](const char* flag, std::string value) {
+    argv.push_back(flag);
+    argv.push_back(std::move(value));
+  };
+  add("--role", f.role);
+  add("--metadata", f.metadata);
+  add("--host", f.host);
+  add("--port", std::to_string(f.port));
+  add("--threads", std::to_string(f.threads));
+  add("--kv-cache-tokens", std::to_string(f.kv_cache_tokens));
+  if (!f.name.empty()) add("--name", f.name);
+  if (!f.model.empty()) add("--model", f.model);
   const std::vector<std::string> knobs = WorkerKnobArgs(f.knobs);
   argv.insert(argv.end(), knobs.begin(), knobs.end());
   return argv;

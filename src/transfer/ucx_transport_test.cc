@@ -4,7 +4,6 @@
 #include "transfer/ucx_transport.h"
 
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
