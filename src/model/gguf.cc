@@ -337,4 +337,24 @@ StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(const std::string& key) con
   return out;
 }
 
+StatusOr<std::vector<double>> GgufFile::GetFloatArray(const std::string& key) const {
+  TANDEM_ASSIGN_OR_RETURN(const GgufValue* v, Lookup(metadata_, key));
+  auto* arr = std::get_if<GgufArray>(&v->value);
+  if (arr == nullptr) return WrongType(key, "an array of numbers");
+  std::vector<double> out;
+  out.reserve(arr->items.size());
+  for (const auto& item : arr->items) {
+    if (auto* d = std::get_if<double>(&item.value)) {
+      out.push_back(*d);
+    } else if (auto* i = std::get_if<int64_t>(&item.value)) {
+      out.push_back(static_cast<double>(*i));
+    } else if (auto* u = std::get_if<uint64_t>(&item.value)) {
+      out.push_back(static_cast<double>(*u));
+    } else {
+      return WrongType(key, "an array of numbers");
+    }
+  }
+  return out;
+}
+
 }  // namespace tandem::model

@@ -85,6 +85,7 @@ class GgufFile {
   StatusOr<bool> GetBool(const std::string& key) const;
   StatusOr<std::vector<std::string>> GetStringArray(const std::string& key) const;
   StatusOr<std::vector<int64_t>> GetIntArray(const std::string& key) const;
+  StatusOr<std::vector<double>> GetFloatArray(const std::string& key) const;  // floats or ints
 
  private:
   GgufFile() = default;

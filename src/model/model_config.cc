@@ -96,6 +96,18 @@ StatusOr<VocabData> ReadVocab(const GgufFile& f) {
   if (f.Has("tokenizer.ggml.merges")) {
     TANDEM_ASSIGN_OR_RETURN(v.merges, f.GetStringArray("tokenizer.ggml.merges"));
   }
+  if (f.Has("tokenizer.ggml.scores")) {
+    TANDEM_ASSIGN_OR_RETURN(std::vector<double> scores,
+                            f.GetFloatArray("tokenizer.ggml.scores"));
+    if (scores.size() != v.tokens.size()) {
+      return InvalidArgument("tokenizer.ggml.scores has " + std::to_string(scores.size()) +
+                             " entries for " + std::to_string(v.tokens.size()) + " tokens");
+    }
+    v.scores.assign(scores.begin(), scores.end());
+  }
+  if (f.Has("tokenizer.ggml.add_space_prefix")) {
+    TANDEM_ASSIGN_OR_RETURN(v.add_space_prefix, f.GetBool("tokenizer.ggml.add_space_prefix"));
+  }
   auto read_id = [&](const std::string& key, int32_t* out) -> Status {
     if (!f.Has(key)) return OkStatus();
     TANDEM_ASSIGN_OR_RETURN(uint64_t id, f.GetUint(key));

@@ -26,12 +26,16 @@ struct VocabData {
   std::vector<int32_t>
       token_types;  // id -> 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
   std::vector<std::string> merges;  // "a b" pairs in priority order
+  std::vector<float> scores;        // id -> merge score (SentencePiece); empty when absent
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t unk_id = -1;
   int32_t pad_id = -1;
   bool add_bos = false;  // tokenizer.ggml.add_bos_token
   bool add_eos = false;  // tokenizer.ggml.add_eos_token
+  // tokenizer.ggml.add_space_prefix (SentencePiece: a space is prepended to the text); llama.cpp
+  // defaults it to true for "llama" vocabularies when the key is absent.
+  bool add_space_prefix = true;
 };
 
 class Tokenizer {
