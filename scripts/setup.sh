@@ -27,6 +27,7 @@ if ! python3 -c "import openai, requests, matplotlib" 2>/dev/null; then
 fi
 
 scripts/fetch_model.sh
+scripts/fetch_gemma.sh  # the 32k-context model (Gemma 3 270M), used by its tests
 
 # TANDEM_CMAKE_ARGS adds configure options (scripts/test.sh: -DTANDEM_WERROR=ON).
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${TANDEM_CMAKE_ARGS:-} >/dev/null
