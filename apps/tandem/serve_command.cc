@@ -33,7 +33,7 @@ Clock::time_point After(double seconds) {
 }
 
 // KV bytes per token of the model (the KV layout's own formula).
-int64_t KvBytesPerToken(const model::LlamaConfig& c) {
+int64_t KvBytesPerToken(const model::ModelConfig& c) {
   return engine::KvCacheShape{
       .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim}
       .BytesPerToken();
@@ -229,12 +229,12 @@ int RunServe(const ServeFlags& f) {
     std::fprintf(stderr, "error: %s\n", file.status().ToString().c_str());
     return 1;
   }
-  auto read_config = model::ReadLlamaConfig(**file);
+  auto read_config = model::ReadModelConfig(**file);
   if (!read_config.ok()) {
     std::fprintf(stderr, "error: %s\n", read_config.status().ToString().c_str());
     return 1;
   }
-  const model::LlamaConfig config = std::move(*read_config);
+  const model::ModelConfig config = std::move(*read_config);
   int max_model_len = f.max_model_len > 0 ? f.max_model_len : config.context_length;
   if (max_model_len > config.context_length) {
     std::fprintf(stderr, "error: --max-model-len %d is larger than the model's context length %d\n",

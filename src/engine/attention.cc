@@ -12,12 +12,14 @@ void AttendTile(const AttentionArgs& a, int first_pos, int n_tokens, int kv_head
   thread_local std::vector<const uint16_t*> keys, values;
   keys.resize(n_blocks);
   values.resize(n_blocks);
-  for (int b = 0; b < n_blocks; ++b) {
+  const kernels::AttentionTile tile{keys.data(), values.data(), sh.head_dim, sh.block_tokens,
+                                    group,       a.scale,       a.window};
+  const int first_block = kernels::FirstVisibleBlock(tile, first_pos);
+  for (int b = 0; b < first_block; ++b) keys[b] = values[b] = nullptr;
+  for (int b = first_block; b < n_blocks; ++b) {
     keys[b] = a.kv->Keys(a.block_table[b], a.layer, kv_head);
     values[b] = a.kv->Values(a.block_table[b], a.layer, kv_head);
   }
-  const kernels::AttentionTile tile{keys.data(),     values.data(), sh.head_dim,
-                                    sh.block_tokens, group,         a.scale};
   const int64_t head_offset = static_cast<int64_t>(kv_head) * group * sh.head_dim;
   kernels::AttendTile(tile, first_pos, n_tokens, q + head_offset, q_stride, out + head_offset,
                       out_stride);

@@ -20,7 +20,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
   TANDEM_ASSIGN_OR_RETURN(e->gguf_, model::GgufFile::Open(options.model_path));
-  TANDEM_ASSIGN_OR_RETURN(e->config_, model::ReadLlamaConfig(*e->gguf_));
+  TANDEM_ASSIGN_OR_RETURN(e->config_, model::ReadModelConfig(*e->gguf_));
   TANDEM_ASSIGN_OR_RETURN(e->weights_, BindWeights(*e->gguf_, e->config_));
   TANDEM_ASSIGN_OR_RETURN(model::TextFrontEnd text, model::LoadTextFrontEnd(*e->gguf_, e->config_));
   e->tokenizer_ = std::move(text.tokenizer);

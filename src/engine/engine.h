@@ -59,7 +59,7 @@ class Engine {
  public:
   static StatusOr<std::unique_ptr<Engine>> Load(const EngineOptions& options);
 
-  const model::LlamaConfig& config() const { return config_; }
+  const model::ModelConfig& config() const { return config_; }
   const model::Tokenizer& tokenizer() const { return *tokenizer_; }
   // Null when the model has no chat template tandem recognises; chat_template_error() says why.
   const model::ChatTemplate* chat_template() const {
@@ -83,7 +83,7 @@ class Engine {
 
   EngineOptions options_;
   std::unique_ptr<model::GgufFile> gguf_;
-  model::LlamaConfig config_;
+  model::ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::optional<model::ChatTemplate> chat_template_;

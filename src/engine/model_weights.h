@@ -1,4 +1,4 @@
-// Views of a Llama model's weights inside a GgufFile, checked against the config's shapes.
+// Views of a model's weights inside a GgufFile, checked against the config's shapes.
 // Matrices stay quantized in the mapping; small vectors (norm weights) are copied to float32.
 #pragma once
 
@@ -22,6 +22,11 @@ struct LayerWeights {
   kernels::WeightView w_gate;    // (ffn_dim, dim)
   kernels::WeightView w_up;      // (ffn_dim, dim)
   kernels::WeightView w_down;    // (dim, ffn_dim)
+  // Present when the config says so (Gemma 3), empty otherwise.
+  std::vector<float> attn_q_norm;     // (head_dim) config.qk_norm
+  std::vector<float> attn_k_norm;     // (head_dim) config.qk_norm
+  std::vector<float> attn_post_norm;  // (dim) config.post_norms
+  std::vector<float> ffn_post_norm;   // (dim) config.post_norms
 };
 
 struct ModelWeights {
@@ -33,6 +38,6 @@ struct ModelWeights {
 
 // Finds every tensor the config needs; a missing tensor or a wrong shape is an error naming it.
 // The returned views point into `file`, which must outlive them.
-StatusOr<ModelWeights> BindWeights(const model::GgufFile& file, const model::LlamaConfig& config);
+StatusOr<ModelWeights> BindWeights(const model::GgufFile& file, const model::ModelConfig& config);
 
 }  // namespace tandem::engine

@@ -43,19 +43,26 @@ std::vector<uint8_t> NormWeights(int n, std::mt19937& rng) {
 std::string WriteTinyLlama(const TinyLlamaSpec& s) {
   using model::GgufWriter;
   GgufWriter w;
-  w.SetString("general.architecture", "llama");
+  const std::string arch = s.gemma3 ? "gemma3" : "llama";
+  const int hd = s.head_dim > 0 ? s.head_dim : s.dim / s.n_heads;
+  w.SetString("general.architecture", arch);
   w.SetString("general.name", "tiny-random");
-  w.SetUint32("llama.block_count", s.n_layers);
-  w.SetUint32("llama.embedding_length", s.dim);
-  w.SetUint32("llama.feed_forward_length", s.ffn_dim);
-  w.SetUint32("llama.attention.head_count", s.n_heads);
-  w.SetUint32("llama.attention.head_count_kv", s.n_kv_heads);
-  w.SetUint32("llama.context_length", s.context);
-  w.SetUint32("llama.rope.dimension_count", s.dim / s.n_heads);
-  w.SetFloat32("llama.rope.freq_base", 10000.0f);
-  w.SetFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.SetUint32(arch + ".block_count", s.n_layers);
+  w.SetUint32(arch + ".embedding_length", s.dim);
+  w.SetUint32(arch + ".feed_forward_length", s.ffn_dim);
+  w.SetUint32(arch + ".attention.head_count", s.n_heads);
+  w.SetUint32(arch + ".attention.head_count_kv", s.n_kv_heads);
+  w.SetUint32(arch + ".attention.key_length", hd);
+  w.SetUint32(arch + ".attention.value_length", hd);
+  w.SetUint32(arch + ".context_length", s.context);
+  w.SetUint32(arch + ".rope.dimension_count", hd);
+  w.SetFloat32(arch + ".rope.freq_base", s.gemma3 ? 1e6f : 10000.0f);
+  w.SetFloat32(arch + ".attention.layer_norm_rms_epsilon", s.gemma3 ? 1e-6f : 1e-5f);
+  if (s.gemma3) {
+    w.SetUint32(arch + ".attention.sliding_window", s.sliding_window);
+    w.SetUint32(arch + ".attention.sliding_window_pattern", s.swa_pattern);
+  }
   std::mt19937 rng(s.seed);
-  const int hd = s.dim / s.n_heads;
   const float wscale = 1.0f / std::sqrt(static_cast<float>(s.dim));
   auto add = [&](const std::string& name, DType t, std::vector<int64_t> dims,
                  std::vector<uint8_t> bytes) {
@@ -68,12 +75,20 @@ std::string WriteTinyLlama(const TinyLlamaSpec& s) {
     const std::string p = "blk." + std::to_string(l) + ".";
     const auto t = s.matrix_dtype;
     add(p + "attn_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
-    add(p + "attn_q.weight", t, {s.dim, s.dim}, RandomMatrix(t, s.dim, s.dim, wscale, rng));
+    add(p + "attn_q.weight", t, {s.dim, s.n_heads * hd},
+        RandomMatrix(t, s.n_heads * hd, s.dim, wscale, rng));
     add(p + "attn_k.weight", t, {s.dim, s.n_kv_heads * hd},
         RandomMatrix(t, s.n_kv_heads * hd, s.dim, wscale, rng));
     add(p + "attn_v.weight", t, {s.dim, s.n_kv_heads * hd},
         RandomMatrix(t, s.n_kv_heads * hd, s.dim, wscale, rng));
-    add(p + "attn_output.weight", t, {s.dim, s.dim}, RandomMatrix(t, s.dim, s.dim, wscale, rng));
+    add(p + "attn_output.weight", t, {s.n_heads * hd, s.dim},
+        RandomMatrix(t, s.dim, s.n_heads * hd, wscale, rng));
+    if (s.gemma3) {
+      add(p + "attn_q_norm.weight", DType::kF32, {hd}, NormWeights(hd, rng));
+      add(p + "attn_k_norm.weight", DType::kF32, {hd}, NormWeights(hd, rng));
+      add(p + "post_attention_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
+      add(p + "post_ffw_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
+    }
     add(p + "ffn_norm.weight", DType::kF32, {s.dim}, NormWeights(s.dim, rng));
     add(p + "ffn_gate.weight", t, {s.dim, s.ffn_dim},
         RandomMatrix(t, s.ffn_dim, s.dim, wscale, rng));

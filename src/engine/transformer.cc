@@ -24,7 +24,7 @@ void RmsNorm(const float* x, const float* w, int64_t rows, int n, float eps, flo
 
 }  // namespace
 
-Transformer::Transformer(const model::LlamaConfig& config, const ModelWeights& weights,
+Transformer::Transformer(const model::ModelConfig& config, const ModelWeights& weights,
                          ThreadPool* pool)
     : config_(config), weights_(weights), pool_(pool) {}
 
@@ -49,41 +49,68 @@ void Transformer::EnsureScratch(int64_t t, int64_t logit_rows) {
   grow(attn_, t * c.q_dim());
   grow(gate_, t * c.ffn_dim);
   grow(up_, t * c.ffn_dim);
-  grow(rope_cos_, t * (c.rope_dim / 2));
-  grow(rope_sin_, t * (c.rope_dim / 2));
+  for (RopeTable* r : {&rope_, &rope_swa_}) {
+    grow(r->cos, t * (c.rope_dim / 2));
+    grow(r->sin, t * (c.rope_dim / 2));
+  }
   grow(logit_in_, logit_rows * c.dim);
 }
 
-void Transformer::ComputeRope() {
+void Transformer::ComputeRope(float freq_base, float freq_scale, RopeTable* table) {
   const int half = config_.rope_dim / 2;
-  const float theta_scale = std::pow(config_.rope_freq_base, -2.0f / config_.rope_dim);
+  const float theta_scale = std::pow(freq_base, -2.0f / config_.rope_dim);
   for (size_t t = 0; t < token_pos_.size(); ++t) {
-    float theta = static_cast<float>(token_pos_[t]) * config_.rope_freq_scale;
+    float theta = static_cast<float>(token_pos_[t]) * freq_scale;
     for (int i = 0; i < half; ++i) {
-      rope_cos_[t * half + i] = std::cos(theta);
-      rope_sin_[t * half + i] = std::sin(theta);
+      table->cos[t * half + i] = std::cos(theta);
+      table->sin[t * half + i] = std::sin(theta);
       theta *= theta_scale;
     }
   }
 }
 
-// Llama ("normal") rotary embedding: rotates adjacent pairs (x[2i], x[2i+1]) of the first
-// rope_dim dimensions of each head.
-void Transformer::ApplyRope(float* x, int n_heads) {
+// Rotates pair i of the first rope_dim dimensions of each head by angle i: the pair is
+// (x[2i], x[2i+1]) for Llama, (x[i], x[i + rope_dim/2]) for NeoX-style models (Gemma).
+void Transformer::ApplyRope(const RopeTable& table, float* x, int n_heads) {
   const int hd = config_.head_dim;
   const int half = config_.rope_dim / 2;
+  const int stride = config_.rope_neox ? 1 : 2;     // distance between a pair's first elements
+  const int offset = config_.rope_neox ? half : 1;  // from a pair's first to its second
   for (size_t t = 0; t < token_pos_.size(); ++t) {
-    const float* cs = &rope_cos_[t * half];
-    const float* sn = &rope_sin_[t * half];
+    const float* cs = &table.cos[t * half];
+    const float* sn = &table.sin[t * half];
     for (int h = 0; h < n_heads; ++h) {
       float* v = x + (t * n_heads + h) * hd;
       for (int i = 0; i < half; ++i) {
-        const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * cs[i] - b * sn[i];
-        v[2 * i + 1] = a * sn[i] + b * cs[i];
+        float* p = v + i * stride;
+        const float a = p[0], b = p[offset];
+        p[0] = a * cs[i] - b * sn[i];
+        p[offset] = a * sn[i] + b * cs[i];
       }
     }
   }
+}
+
+void Transformer::HeadNorm(float* x, int n_heads, const std::vector<float>& w) {
+  const int hd = config_.head_dim;
+  ParallelRows(static_cast<int64_t>(token_pos_.size()) * n_heads, [&](int64_t b, int64_t e) {
+    RmsNorm(x + b * hd, w.data(), e - b, hd, config_.rms_eps, x + b * hd);
+  });
+}
+
+void Transformer::PostNorm(const std::vector<float>& w, int64_t tokens) {
+  ParallelRows(tokens, [&](int64_t b, int64_t e) {
+    RmsNorm(&xn_[b * config_.dim], w.data(), e - b, config_.dim, config_.rms_eps,
+            &xn_[b * config_.dim]);
+  });
+}
+
+// llama.cpp multiplies queries with the fp16 key cache through an fp16 dot product, so its
+// queries are rounded to fp16 first; doing the same keeps the two engines' scores within float
+// summation noise of each other (the rounding error, 2^-11 relative, is below what the fp16
+// keys already carry).
+void Transformer::RoundQueriesToFp16(int64_t n) {
+  for (int64_t i = 0; i < n; ++i) q_[i] = Fp16ToFp32(Fp32ToFp16(q_[i]));
 }
 
 void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {
@@ -111,7 +138,8 @@ void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, in
 
 void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {
   const int n_kv = config_.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  const float scale = config_.attention_scale;
+  const int window = config_.IsSlidingLayer(layer) ? config_.sliding_window : 0;
   // Tasks: (item, tile of up to kMaxAttentionTile consecutive tokens, kv head).
   tiles_.clear();
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
@@ -129,7 +157,7 @@ void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, 
       const auto& tile = tiles_[task / n_kv];
       const int kv_head = static_cast<int>(task % n_kv);
       const BatchItem& item = batch[tile.item];
-      AttentionArgs args{&kv, layer, item.block_table, config_.n_heads, scale};
+      AttentionArgs args{&kv, layer, item.block_table, config_.n_heads, scale, window};
       AttendTile(args, token_pos_[tile.first_token], tile.n, kv_head, &q_[tile.first_token * qd],
                  qd, &attn_[tile.first_token * qd], qd);
     }
@@ -177,14 +205,20 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   }
   const int64_t T = static_cast<int64_t>(token_pos_.size());
   EnsureScratch(T, logit_rows);
-  ComputeRope();
+  ComputeRope(c.rope_freq_base, c.rope_freq_scale, &rope_);
+  const bool any_sliding = c.sliding_window > 0 && c.NumGlobalLayers() < c.n_layers;
+  if (any_sliding) ComputeRope(c.rope_freq_base_swa, c.rope_freq_scale_swa, &rope_swa_);
 
   // Embedding lookup.
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     for (int32_t tok : batch[i].tokens) {
       const auto& e = weights_.token_embd;
       const auto* row = static_cast<const uint8_t*>(e.data) + tok * RowBytes(e.dtype, c.dim);
-      kernels::DequantizeRow(e.dtype, row, &x_[t * c.dim], c.dim);
+      float* xt = &x_[t * c.dim];
+      kernels::DequantizeRow(e.dtype, row, xt, c.dim);
+      if (c.embedding_scale != 1.0f) {
+        for (int i = 0; i < c.dim; ++i) xt[i] *= c.embedding_scale;
+      }
       ++t;
     }
   }
@@ -197,12 +231,19 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     kernels::MatMul(L.wq, xn_.data(), T, q_.data(), pool_);
     kernels::MatMul(L.wk, xn_.data(), T, k_.data(), pool_);
     kernels::MatMul(L.wv, xn_.data(), T, v_.data(), pool_);
-    ApplyRope(q_.data(), c.n_heads);
-    ApplyRope(k_.data(), c.n_kv_heads);
+    if (c.qk_norm) {
+      HeadNorm(q_.data(), c.n_heads, L.attn_q_norm);
+      HeadNorm(k_.data(), c.n_kv_heads, L.attn_k_norm);
+    }
+    const RopeTable& rope = c.IsSlidingLayer(l) ? rope_swa_ : rope_;
+    ApplyRope(rope, q_.data(), c.n_heads);
+    ApplyRope(rope, k_.data(), c.n_kv_heads);
     WriteKv(batch, kv, l);
     if (on_layer_done_) on_layer_done_(l);
+    RoundQueriesToFp16(T * c.q_dim());
     Attention(batch, kv, l);
     kernels::MatMul(L.wo, attn_.data(), T, xn_.data(), pool_);
+    if (c.post_norms) PostNorm(L.attn_post_norm, T);
     for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
 
     ParallelRows(T, [&](int64_t b, int64_t e) {
@@ -211,9 +252,15 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     kernels::MatMul(L.w_gate, xn_.data(), T, gate_.data(), pool_);
     kernels::MatMul(L.w_up, xn_.data(), T, up_.data(), pool_);
     ParallelRows(T, [&](int64_t b, int64_t e) {
-      kernels::SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], (e - b) * c.ffn_dim);
+      const int64_t n = (e - b) * c.ffn_dim;
+      if (c.ffn_activation == model::FfnActivation::kGeluTanh) {
+        kernels::GeluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], n);
+      } else {
+        kernels::SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], n);
+      }
     });
     kernels::MatMul(L.w_down, gate_.data(), T, xn_.data(), pool_);
+    if (c.post_norms) PostNorm(L.ffn_post_norm, T);
     for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
   }
 
@@ -230,6 +277,9 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   logits->resize(logit_rows * c.vocab_size);
   if (logit_rows > 0)
     kernels::MatMul(weights_.output, picked.data(), logit_rows, logits->data(), pool_);
+  if (const float cap = c.final_logit_softcap; cap > 0) {
+    for (float& z : *logits) z = cap * std::tanh(z / cap);
+  }
   return OkStatus();
 }
 

@@ -1,5 +1,6 @@
-// The Llama forward pass over a mixed batch: sequences in prefill (a chunk of many tokens) and
-// in decode (one token) run through every matrix multiply together.
+// The decoder forward pass (Llama and Gemma 3, see model::ModelConfig) over a mixed batch:
+// sequences in prefill (a chunk of many tokens) and in decode (one token) run through every matrix
+// multiply together.
 //
 //   Transformer tf(config, weights, &pool);
 //   BatchItem items[] = {{blocks_a, 0, prompt_a, true}, {blocks_b, 17, {next_b}, true}};
@@ -32,7 +33,7 @@ struct BatchItem {
 class Transformer {
  public:
   // config, weights and pool must outlive the Transformer.
-  Transformer(const model::LlamaConfig& config, const ModelWeights& weights, ThreadPool* pool);
+  Transformer(const model::ModelConfig& config, const ModelWeights& weights, ThreadPool* pool);
 
   // Appends the KV of every item's tokens to the cache (positions start_pos..start_pos+n-1)
   // and writes one row of vocab logits per item with want_logits, in item order, to *logits
@@ -42,18 +43,27 @@ class Transformer {
   // Called after each layer's KV has been written (layer index), e.g. to start moving it.
   void SetLayerDoneCallback(std::function<void(int layer)> fn) { on_layer_done_ = std::move(fn); }
 
-  const model::LlamaConfig& config() const { return config_; }
+  const model::ModelConfig& config() const { return config_; }
 
  private:
   // Runs fn(begin, end) over row ranges on the pool.
   void ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
   void EnsureScratch(int64_t tokens, int64_t logit_rows);
-  void ComputeRope();                     // angles of every token of the step (token_pos_)
-  void ApplyRope(float* x, int n_heads);  // (T, n_heads, head_dim), in place
+  struct RopeTable {
+    std::vector<float> cos, sin;  // (T, rope_dim / 2)
+  };
+  // Angles of every token of the step (token_pos_) for one RoPE base and scale.
+  void ComputeRope(float freq_base, float freq_scale, RopeTable* table);
+  void ApplyRope(const RopeTable& table, float* x, int n_heads);  // (T, n_heads, head_dim)
+  // Per-head RMSNorm of x (T, n_heads, head_dim) with weight w (head_dim), in place.
+  void HeadNorm(float* x, int n_heads, const std::vector<float>& w);
+  // RMSNorm of the block output in xn_ (tokens, dim) with weight w, in place (Gemma).
+  void PostNorm(const std::vector<float>& w, int64_t tokens);
+  void RoundQueriesToFp16(int64_t n);  // the first n values of q_
   void WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
   void Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
 
-  const model::LlamaConfig& config_;
+  const model::ModelConfig& config_;
   const ModelWeights& weights_;
   ThreadPool* pool_;
   std::function<void(int)> on_layer_done_;
@@ -68,8 +78,8 @@ class Transformer {
   std::vector<float> gate_;          // (T, ffn_dim)
   std::vector<float> up_;            // (T, ffn_dim)
   std::vector<float> logit_in_;      // (rows wanting logits, dim) normalised final states
-  std::vector<float> rope_cos_;      // (T, rope_dim / 2)
-  std::vector<float> rope_sin_;      // (T, rope_dim / 2)
+  RopeTable rope_;                   // the global layers' (every layer without a window)
+  RopeTable rope_swa_;               // the sliding layers' (their own base), when there are any
   std::vector<int32_t> token_pos_;   // (T) position of each token
   std::vector<int32_t> token_item_;  // (T) batch item of each token
   struct AttentionTile {

@@ -11,4 +11,11 @@ void SiluMul(float* gate, const float* up, int64_t n);
 // The portable reference (what the scalar table runs).
 void SiluMulScalar(float* gate, const float* up, int64_t n);
 
+// gate[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation,
+//   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+// evaluated as llama.cpp's CPU backend does: x <= -10 gives 0, x >= 10 gives x, otherwise
+// gelu(fp16(x)) rounded to fp16 (a 65,536-entry table). Every path gives identical results.
+void GeluMul(float* gate, const float* up, int64_t n);
+void GeluMulScalar(float* gate, const float* up, int64_t n);
+
 }  // namespace tandem::kernels

@@ -19,4 +19,21 @@ void SiluMulAvx512(float* gate, const float* up, int64_t n) {
   SiluMulScalar(gate + i, up + i, n - i);
 }
 
+// Table lookups by gather: the index is the fp16 bit pattern of x (round to nearest even, as
+// the scalar Fp32ToFp16).
+void GeluMulAvx512(float* gate, const float* up, int64_t n) {
+  const float* table = GeluTable();
+  const __m512 lo = _mm512_set1_ps(-10.0f), hi = _mm512_set1_ps(10.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(gate + i);
+    const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 g = _mm512_i32gather_ps(_mm512_cvtepu16_epi32(h), table, 4);
+    g = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GE_OQ), g, x);
+    g = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GT_OQ), g);
+    _mm512_storeu_ps(gate + i, _mm512_mul_ps(g, _mm512_loadu_ps(up + i)));
+  }
+  GeluMulScalar(gate + i, up + i, n - i);
+}
+
 }  // namespace tandem::kernels::internal

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "common/fp16.h"
 #include "kernels/cpu_isa.h"
 
 namespace tandem::kernels {
@@ -37,6 +38,39 @@ TEST(ActivationsTest, VectorSiluMatchesScalar) {
     }
   }
   if (compared == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
+}
+
+// GeluMul's definition: gelu of the fp16-rounded input, rounded to fp16, with the cut-offs at
+// +-10; every path must give exactly this (llama.cpp's table semantics).
+float GeluDefinition(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  const float h = Fp16ToFp32(Fp32ToFp16(x));
+  const float g =
+      0.5f * h *
+      (1.0f + std::tanh(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
+  return Fp16ToFp32(Fp32ToFp16(g));
+}
+
+TEST(ActivationsTest, GeluMulIsExactOnEveryPath) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-12.0f, 12.0f);
+  const int64_t n = 1003;  // a vector tail too
+  std::vector<float> g(n), up(n);
+  for (auto& x : g) x = u(rng);
+  for (auto& x : up) x = u(rng) / 4;
+  g[0] = -10.0f, g[1] = 10.0f, g[2] = 0.0f, g[3] = -9.999f, g[4] = 9.999f, g[5] = 1e-8f;
+  int compared = 0;
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    ScopedIsa forced(isa);
+    if (!forced.ok()) continue;
+    ++compared;
+    SCOPED_TRACE(isa);
+    std::vector<float> a = g;
+    GeluMul(a.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i], GeluDefinition(g[i]) * up[i]) << g[i];
+  }
+  EXPECT_GE(compared, 1);
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const
   kf.resize(static_cast<size_t>(hd) * bt);
   vf.resize(static_cast<size_t>(bt) * hd);
   const int last_pos = first_pos + n_tokens - 1;
-  for (int start = 0, bi = 0; start <= last_pos; start += bt, ++bi) {
+  const int first_block = FirstVisibleBlock(a, first_pos);
+  for (int bi = first_block, start = first_block * bt; start <= last_pos; start += bt, ++bi) {
     const uint16_t* kh = a.keys[bi];
     const uint16_t* vh = a.values[bi];
     const int n_block = std::min(bt, last_pos + 1 - start);
@@ -40,12 +41,13 @@ void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const
     for (int i = 0; i < n_block * hd; ++i) vf[i] = Fp16ToFp32(vh[i]);
     for (int t = 0; t < n_tokens; ++t) {
       const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
-      if (n <= 0) continue;
+      const int j0 = std::max(0, WindowStart(a, first_pos + t) - start);
+      if (n <= j0) continue;
       for (int gi = 0; gi < g; ++gi) {
         const int r = t * g + gi;
         const float* qr = q + t * q_stride + static_cast<int64_t>(gi) * hd;
         float m = st[r].max;
-        for (int j = 0; j < n; ++j) {
+        for (int j = j0; j < n; ++j) {
           float dot = 0;
           for (int d = 0; d < hd; ++d) dot += qr[d] * kf[d * bt + j];
           s[j] = dot * a.scale;
@@ -55,7 +57,7 @@ void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const
         float sum = 0;
         float* ar = acc + r * hd;
         for (int d = 0; d < hd; ++d) ar[d] *= corr;
-        for (int j = 0; j < n; ++j) {
+        for (int j = j0; j < n; ++j) {
           const float p = std::exp(s[j] - m);
           sum += p;
           for (int d = 0; d < hd; ++d) ar[d] += p * vf[j * hd + d];

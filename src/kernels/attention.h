@@ -26,15 +26,25 @@ struct AttentionTile {
   int block_tokens;  // positions per block
   int group;         // query heads sharing this KV head, <= kMaxAttentionGroup
   float scale;       // usually 1/sqrt(head_dim)
+  // > 0: sliding-window attention, a query at position p sees positions
+  // [p - window + 1, p] only, and blocks wholly before the first query's window are never read
+  // (their pointers may be null). 0: every position up to p.
+  int window = 0;
 };
 
 // Attention for n_tokens (<= kMaxAttentionTile) consecutive query tokens at positions
-// first_pos.., each attending to positions [0, its own].
+// first_pos.., each attending to positions [0, its own] (or its window's).
 //   q:   token t's query head g at q + t * q_stride + g * head_dim, fp32
 //   out: token t's output for head g at out + t * out_stride + g * head_dim (only the group's
 //        heads are written)
 // The AVX-512 path takes block_tokens == 16 with head_dim % 16 == 0; other shapes, and other
 // instruction sets, take the portable one. Thread-safe (scratch is per thread).
+// The first block index (position / block_tokens) a tile starting at first_pos reads.
+inline int FirstVisibleBlock(const AttentionTile& a, int first_pos) {
+  const int start = a.window > 0 ? first_pos - a.window + 1 : 0;
+  return start > 0 ? start / a.block_tokens : 0;
+}
+
 void AttendTile(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                 int64_t q_stride, float* out, int64_t out_stride);
 

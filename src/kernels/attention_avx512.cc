@@ -32,7 +32,8 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
   for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
   const __m512 scale = _mm512_set1_ps(a.scale);
   const int last_pos = first_pos + n_tokens - 1;
-  for (int start = 0, bi = 0; start <= last_pos; start += 16, ++bi) {
+  const int first_block = FirstVisibleBlock(a, first_pos);
+  for (int bi = first_block, start = first_block * 16; start <= last_pos; start += 16, ++bi) {
     const uint16_t* kh = a.keys[bi];
     const uint16_t* vh = a.values[bi];
     const int n_block = std::min(16, last_pos + 1 - start);
@@ -47,8 +48,9 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
     }
     for (int t = 0; t < n_tokens; ++t) {
       const int n = std::min(n_block, first_pos + t + 1 - start);  // causal
-      if (n <= 0) continue;
-      const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+      const int j0 = std::max(0, WindowStart(a, first_pos + t) - start);
+      if (n <= j0) continue;
+      const __mmask16 valid = static_cast<__mmask16>(((1u << n) - 1) & ~((1u << j0) - 1));
       for (int gi = 0; gi < g; ++gi) {
         const int r = t * g + gi;
         const float* qr = q + t * q_stride + static_cast<int64_t>(gi) * hd;
@@ -68,7 +70,7 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
         float* ar = acc + r * hd;
         for (int v = 0; v < nv; ++v) {
           __m512 av = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * v), _mm512_set1_ps(corr));
-          for (int j = 0; j < n; ++j) {
+          for (int j = j0; j < n; ++j) {
             av = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_load_ps(vf + j * hd + 16 * v), av);
           }
           _mm512_storeu_ps(ar + 16 * v, av);

@@ -31,6 +31,8 @@ struct IsaImpl {
                int64_t r0, int64_t r1, float* y, int64_t ldy);
   // kernels/activations.h SiluMul.
   void (*silu_mul)(float* gate, const float* up, int64_t n);
+  // kernels/activations.h GeluMul.
+  void (*gelu_mul)(float* gate, const float* up, int64_t n);
   // kernels/attention.h AttendTile (falls back to the scalar path for shapes it lacks).
   void (*attend_tile)(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
@@ -51,8 +53,15 @@ struct AttentionRowState {
   float sum;
 };
 constexpr int kMaxAttentionRows = kMaxAttentionTile * kMaxAttentionGroup;
+// First position a query at `pos` sees (0 without a sliding window).
+inline int WindowStart(const AttentionTile& a, int pos) {
+  return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+}
 
 void SiluMulAvx512(float* gate, const float* up, int64_t n);
+void GeluMulAvx512(float* gate, const float* up, int64_t n);
+// (65,536) GeLU values by fp16 bit pattern of the input, each rounded to fp16 (activations.cc).
+const float* GeluTable();
 void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
 void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const float* q,

@@ -171,7 +171,7 @@ std::string DefaultModelPath() {
 TEST(GgufTest, ReadsTheDefaultModel) {
   auto f = GgufFile::Open(DefaultModelPath());
   ASSERT_TRUE(f.ok()) << f.status().ToString() << " (run scripts/setup.sh to fetch the model)";
-  auto cfg = ReadLlamaConfig(**f);
+  auto cfg = ReadModelConfig(**f);
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EXPECT_EQ(cfg->n_layers, 30);
   EXPECT_EQ(cfg->dim, 576);

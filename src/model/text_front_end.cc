@@ -2,7 +2,7 @@
 
 namespace tandem::model {
 
-StatusOr<TextFrontEnd> LoadTextFrontEnd(const GgufFile& file, const LlamaConfig& config) {
+StatusOr<TextFrontEnd> LoadTextFrontEnd(const GgufFile& file, const ModelConfig& config) {
   TANDEM_ASSIGN_OR_RETURN(VocabData vocab, ReadVocab(file));
   if (static_cast<int>(vocab.tokens.size()) != config.vocab_size) {
     return InvalidArgument("tokenizer has " + std::to_string(vocab.tokens.size()) +

@@ -22,6 +22,6 @@ struct TextFrontEnd {
 
 // InvalidArgument when the vocabulary's size differs from config.vocab_size (embedding rows).
 // An unknown or missing chat template is not an error: chat_template_error says why.
-StatusOr<TextFrontEnd> LoadTextFrontEnd(const GgufFile& file, const LlamaConfig& config);
+StatusOr<TextFrontEnd> LoadTextFrontEnd(const GgufFile& file, const ModelConfig& config);
 
 }  // namespace tandem::model
