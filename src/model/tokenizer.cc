@@ -1,7 +1,8 @@
 // Byte-level BPE tokenizer that reproduces llama.cpp's LLAMA_VOCAB_TYPE_BPE path:
 //   special-token partition -> UTF-8 sanitising -> regex pre-tokenizer (PCRE2) ->
 //   GPT-2 byte->unicode mapping -> rank-ordered BPE merges per word.
-// See tests/golden/tokenizer/README.md for the golden data and known divergences.
+// Also Tokenizer::Create (the SentencePiece tokenizer is in tokenizer_spm.cc) and the
+// StreamDecoder. See tests/golden/tokenizer/README.md for the golden data and known divergences.
 #include "model/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -9,13 +10,21 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
+
+#include "model/tokenizer_internal.h"
 
 namespace tandem::model {
 namespace {
 
-constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4;
+using internal::kAttrByte;
+using internal::kAttrControl;
+using internal::kAttrNormal;
+using internal::kAttrUnknown;
+using internal::kAttrUserDefined;
+
 constexpr const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 // ------------------------------------------------------------------------------------ UTF-8
@@ -265,6 +274,7 @@ struct Scratch {
   std::vector<Symbol> symbols;
   std::vector<Bigram> heap;
   std::vector<std::pair<size_t, size_t>> pieces, pieces_tmp;
+  std::vector<internal::Fragment> fragments;
   std::string sanitized;
   pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
   Scratch() = default;
@@ -282,8 +292,11 @@ class BpeTokenizer final : public Tokenizer {
   std::string TokenToPiece(int32_t id) const override {
     return id >= 0 && id < vocab_size() ? pieces_[id] : std::string();
   }
+  bool IsControl(int32_t id) const override {
+    return id >= 0 && id < vocab_size() && (attrs_.attrs[id] & (kAttrControl | kAttrUnknown));
+  }
   bool IsEndOfGeneration(int32_t id) const override {
-    return id >= 0 && id < vocab_size() && eog_[id];
+    return id >= 0 && id < vocab_size() && attrs_.eog[id];
   }
   int32_t bos_id() const override { return bos_id_; }
   int32_t eos_id() const override { return eos_id_; }
@@ -295,18 +308,13 @@ class BpeTokenizer final : public Tokenizer {
   void EncodeWord(std::string_view word, Scratch& s, std::vector<int32_t>* out) const;
   void TryPush(Scratch& s, int32_t left, int32_t right) const;
 
+  std::vector<std::string> texts_;                       // id -> token text (byte-level)
   std::vector<std::string> pieces_;                      // id -> raw bytes (TokenToPiece)
-  std::vector<uint8_t> eog_;                             // id -> end-of-generation
+  internal::VocabAttributes attrs_;                      // llama.cpp attributes, EOG set
   std::unordered_map<std::string, int32_t> text_to_id_;  // byte-level text -> id
   std::array<int32_t, 256> byte_token_;  // raw byte -> id of its one-character token, or -1
   std::unordered_map<uint64_t, Merge> merges_;
-  // Control / user-defined / unknown tokens, longest text first (llama.cpp's special cache).
-  struct Special {
-    std::string text;
-    int32_t id;
-    bool always;  // user-defined: matched even without parse_special
-  };
-  std::vector<Special> specials_;
+  std::unique_ptr<internal::SpecialTokenSplitter> splitter_;  // over texts_
   std::vector<std::shared_ptr<Regex>> regexes_;
   bool ignore_merges_ = false;
   int32_t bos_id_ = -1, eos_id_ = -1;
@@ -327,21 +335,10 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
                            "' for a gpt2 tokenizer (supported: " + known + ")");
   }
   const int32_t n = static_cast<int32_t>(v.tokens.size());
-  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size()) {
-    return InvalidArgument("tokenizer has " + std::to_string(n) + " tokens but " +
-                           std::to_string(v.token_types.size()) + " token types");
-  }
-  for (auto [name, id] : {std::pair<const char*, int32_t>{"bos", v.bos_id},
-                          {"eos", v.eos_id},
-                          {"unknown", v.unk_id},
-                          {"padding", v.pad_id}}) {
-    if (id < -1 || id >= n) {
-      return InvalidArgument(std::string(name) + " token id " + std::to_string(id) +
-                             " is outside the vocabulary of " + std::to_string(n));
-    }
-  }
+  TANDEM_ASSIGN_OR_RETURN(internal::VocabAttributes attrs, internal::AnalyzeVocab(v, v.eos_id));
 
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
+  tok->attrs_ = std::move(attrs);
   tok->bos_id_ = v.bos_id;
   tok->eos_id_ = v.eos_id;
   tok->add_bos_ = v.add_bos;
@@ -351,35 +348,25 @@ StatusOr<std::unique_ptr<Tokenizer>> BpeTokenizer::Build(const VocabData& v) {
     tok->regexes_.push_back(std::move(re));
   }
 
-  static constexpr std::string_view kEogTexts[] = {
-      "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>",
-      "<|end|>", "</s>",
-      // Fill-in-the-middle separators end generation too (llama.cpp counts them as EOG).
-      "<reponame>", "<|repo_name|>", "<|fim_pad|>", "<|file_sep|>"};
+  tok->texts_ = v.tokens;
   tok->pieces_.resize(n);
-  tok->eog_.assign(n, 0);
   tok->text_to_id_.reserve(n);
   for (int32_t id = 0; id < n; ++id) {
     const std::string& text = v.tokens[id];
-    const int32_t type = v.token_types.empty() ? kTypeNormal : v.token_types[id];
+    const uint8_t attr = tok->attrs_.attrs[id];
     tok->text_to_id_[text] = id;  // duplicates: the last id wins, as in llama.cpp
-    if (type == kTypeNormal) {
-      tok->pieces_[id] = ByteLevelDecode(text);
-    } else if (type == kTypeControl || type == kTypeUserDefined) {
+    // llama.cpp's token_to_piece (special=true), tests in its order.
+    if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       tok->pieces_[id] = text;  // stored verbatim, not byte-level encoded
-    }  // unknown / unused / byte tokens have no text in a byte-level vocab (as llama.cpp)
-    if ((type == kTypeControl || type == kTypeUserDefined || type == kTypeUnknown) &&
-        !text.empty()) {
-      tok->specials_.push_back({text, id, type == kTypeUserDefined});
-    }
-    if (id == v.eos_id ||
-        std::find(std::begin(kEogTexts), std::end(kEogTexts), text) != std::end(kEogTexts)) {
-      tok->eog_[id] = 1;
-    }
+    } else if (attr & kAttrNormal) {
+      tok->pieces_[id] = ByteLevelDecode(text);
+    } else if ((attr & kAttrByte) && text.size() >= 5) {
+      // "<0xXX>" byte-fallback tokens (none in a byte-level vocabulary, but llama.cpp reads them)
+      tok->pieces_[id] =
+          std::string(1, static_cast<char>(std::strtol(text.substr(3, 2).c_str(), nullptr, 16)));
+    }  // unused / undefined tokens render as nothing
   }
-  std::stable_sort(
-      tok->specials_.begin(), tok->specials_.end(),
-      [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
+  tok->splitter_ = std::make_unique<internal::SpecialTokenSplitter>(tok->texts_, tok->attrs_.attrs);
 
   const ByteLevel& bl = GetByteLevel();
   for (int b = 0; b < 256; ++b) {
@@ -413,35 +400,9 @@ std::vector<int32_t> BpeTokenizer::Encode(std::string_view text, bool add_bos,
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && bos_id_ >= 0) out.push_back(bos_id_);
-  // Fragments: id >= 0 is a matched special token, id < 0 is raw text [off, off+len).
-  struct Fragment {
-    int32_t id;
-    size_t off, len;
-  };
-  std::vector<Fragment> frags{{-1, 0, text.size()}}, next;
-  // llama.cpp's tokenizer_st_partition: for each special token, longest first, split every raw
-  // fragment at each (left-to-right, non-overlapping) occurrence of its text.
-  for (const Special& sp : specials_) {
-    if (!parse_special && !sp.always) continue;
-    next.clear();
-    for (const Fragment& f : frags) {
-      if (f.id >= 0 || f.len < sp.text.size()) {
-        next.push_back(f);
-        continue;
-      }
-      std::string_view raw = text.substr(f.off, f.len);
-      size_t pos = 0;
-      for (size_t hit; (hit = raw.find(sp.text, pos)) != std::string_view::npos;) {
-        if (hit > pos) next.push_back({-1, f.off + pos, hit - pos});
-        next.push_back({sp.id, 0, 0});
-        pos = hit + sp.text.size();
-      }
-      if (pos < raw.size()) next.push_back({-1, f.off + pos, raw.size() - pos});
-    }
-    frags.swap(next);
-  }
   Scratch scratch;
-  for (const Fragment& f : frags) {
+  splitter_->Split(text, parse_special, &scratch.fragments);
+  for (const internal::Fragment& f : scratch.fragments) {
     if (f.id >= 0) {
       out.push_back(f.id);
     } else if (f.len > 0) {
@@ -527,10 +488,12 @@ void BpeTokenizer::EncodeWord(std::string_view word, Scratch& s, std::vector<int
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const VocabData& vocab) {
   if (vocab.tokens.empty()) return InvalidArgument("tokenizer vocabulary is empty");
   if (vocab.model == "gpt2") return BpeTokenizer::Build(vocab);
-  if (vocab.model == "llama" || vocab.model == "bert" || vocab.model == "t5" ||
-      vocab.model == "rwkv" || vocab.model == "plamo2") {
+  if (vocab.model == "llama") return internal::CreateSpmTokenizer(vocab);
+  if (vocab.model == "bert" || vocab.model == "t5" || vocab.model == "rwkv" ||
+      vocab.model == "plamo2") {
     return Unimplemented("tokenizer.ggml.model '" + vocab.model +
-                         "' is not supported; tandem implements only byte-level BPE ('gpt2')");
+                         "' is not supported; tandem implements byte-level BPE ('gpt2') and "
+                         "SentencePiece ('llama')");
   }
   return InvalidArgument("unknown tokenizer.ggml.model '" + vocab.model + "'");
 }

@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizer (GPT-2 style) built from GGUF tokenizer metadata, plus a streaming
-// detokenizer that never splits a UTF-8 character across pieces.
+// Tokenizers built from GGUF tokenizer metadata, each reproducing llama.cpp exactly: byte-level
+// BPE (GPT-2 style, tokenizer.ggml.model "gpt2") and SentencePiece ("llama", e.g. Gemma 3);
+// plus a streaming detokenizer that never splits a UTF-8 character across pieces.
 //
 //   TANDEM_ASSIGN_OR_RETURN(auto tok, Tokenizer::Create(vocab));
 //   std::vector<int32_t> ids = tok->Encode("Hello", /*add_bos=*/false, /*parse_special=*/true);
@@ -41,23 +42,34 @@ struct VocabData {
 class Tokenizer {
  public:
   // Supports model "gpt2" (byte-level BPE) with the smollm/starcoder, gpt-2 and llama3 families
-  // of pre-tokenizers. Refuses: an empty vocabulary, unknown pre-tokenizers, merges naming
-  // unknown tokens (InvalidArgument); SentencePiece & other known models (Unimplemented).
+  // of pre-tokenizers, and model "llama" (SentencePiece: scores, byte fallback <0xXX>,
+  // add_space_prefix; pre-tokenizer ignored, as llama.cpp). Refuses: an empty vocabulary,
+  // unknown pre-tokenizers, merges naming unknown tokens, mismatched array sizes, special ids
+  // outside the vocabulary (InvalidArgument); other known models (Unimplemented).
   static StatusOr<std::unique_ptr<Tokenizer>> Create(const VocabData& vocab);
   virtual ~Tokenizer() = default;
 
   // Text -> token ids. add_bos prepends BOS (callers pass vocab.add_bos for raw completions).
   // parse_special: text equal to a control token (e.g. "<|im_start|>") becomes that token;
   // otherwise such text is tokenized as plain bytes. User-defined tokens are always matched
-  // (as llama.cpp). Ill-formed UTF-8 is encoded as one U+FFFD per bad byte.
+  // (as llama.cpp), except those llama.cpp reclassifies as control (end-of-generation texts
+  // such as "</s>"). Ill-formed UTF-8: BPE encodes one U+FFFD per bad byte; SentencePiece
+  // keeps the bytes (as byte tokens), both as llama.cpp does.
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_bos,
                                       bool parse_special) const = 0;
-  // The raw bytes a token stands for (control tokens give their text). Empty for bad ids.
+  // The raw bytes a token stands for (control tokens give their text): llama.cpp's
+  // token_to_piece with special=true. Empty for bad ids.
   virtual std::string TokenToPiece(int32_t id) const = 0;
-  // Concatenated pieces.
+  // Concatenated pieces, as llama.cpp's server renders output token by token. llama.cpp's
+  // llama_detokenize (unparse_special=true) gives the same except that, for a vocabulary with
+  // add_space_prefix, it drops a leading space of the first piece (Gemma 3 has none).
   std::string Decode(std::span<const int32_t> ids) const;
+  // Tokens llama.cpp renders only with special=true (control and unknown tokens, by llama.cpp's
+  // attributes): their piece is empty when special tokens are hidden.
+  virtual bool IsControl(int32_t id) const = 0;
 
-  // End-of-generation tokens (EOS, <|im_end|>, <|endoftext|>, <|eot_id|>, ...).
+  // End-of-generation tokens as llama.cpp's is_eog (EOS, <|im_end|>, <|endoftext|>,
+  // <end_of_turn>, ...).
   virtual bool IsEndOfGeneration(int32_t id) const = 0;
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;

@@ -317,10 +317,10 @@ TEST(TokenizerCreateTest, RefusesBadVocabularies) {
   }
   {
     VocabData e = v;
-    e.model = "llama";
+    e.model = "t5";
     auto r = Tokenizer::Create(e);
     EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(r.status().message().find("'llama'"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("'t5'"), std::string::npos) << r.status().message();
   }
   {
     VocabData e = v;
@@ -364,8 +364,8 @@ TEST(TokenizerCreateTest, MergesApplyByRank) {
   VocabData v;
   v.model = "gpt2";
   v.pre = "gpt-2";
-  v.tokens = {"a", "b", "c", "ab", "bc", "abc", "<|eot_id|>", "</s>"};
-  v.token_types = {1, 1, 1, 1, 1, 1, 3, 4};
+  v.tokens = {"a", "b", "c", "ab", "bc", "abc", "<|eot_id|>", "</s>", "<ud>"};
+  v.token_types = {1, 1, 1, 1, 1, 1, 3, 4, 4};
   v.merges = {"a b", "b c", "ab c"};
   v.eos_id = 7;
   auto tok = Tokenizer::Create(v);
@@ -378,7 +378,13 @@ TEST(TokenizerCreateTest, MergesApplyByRank) {
   EXPECT_TRUE((*tok)->IsEndOfGeneration(6));  // <|eot_id|> by text
   EXPECT_TRUE((*tok)->IsEndOfGeneration(7));  // eos
   // User-defined tokens are matched even without parse_special (as llama.cpp); control not.
-  EXPECT_EQ((*tok)->Encode("a</s>", false, false), (std::vector<int32_t>{0, 7}));
+  EXPECT_EQ((*tok)->Encode("a<ud>", false, false), (std::vector<int32_t>{0, 8}));
+  EXPECT_FALSE((*tok)->IsControl(8));
+  // ... except a user-defined "</s>": llama.cpp makes it control, as an end-of-generation text
+  // (its bytes have no tokens here, so they are dropped).
+  EXPECT_EQ((*tok)->Encode("a</s>", false, false), (std::vector<int32_t>{0}));
+  EXPECT_EQ((*tok)->Encode("a</s>", false, true), (std::vector<int32_t>{0, 7}));
+  EXPECT_TRUE((*tok)->IsControl(7));
   EXPECT_EQ((*tok)->TokenToPiece(7), "</s>");
   // A byte with no token is dropped (llama.cpp does the same).
   EXPECT_EQ((*tok)->Encode("az", false, false), std::vector<int32_t>{0});
