@@ -12,6 +12,7 @@ std::optional<DType> DTypeFromGguf(uint32_t ggml_type) {
     case 1: return DType::kF16;
     case 2: return DType::kQ4_0;
     case 3: return DType::kQ4_1;
+    case 6: return DType::kQ5_0;
     case 8: return DType::kQ8_0;
     case 9: return DType::kQ8_1;
     case 12: return DType::kQ4_K;
@@ -28,6 +29,7 @@ const DTypeInfo& GetDTypeInfo(DType t) {
   static const DTypeInfo kBF16{"BF16", 1, 2};
   static const DTypeInfo kQ4_0{"Q4_0", 32, 18};
   static const DTypeInfo kQ4_1{"Q4_1", 32, 20};
+  static const DTypeInfo kQ5_0{"Q5_0", 32, 22};
   static const DTypeInfo kQ8_0{"Q8_0", 32, 34};
   static const DTypeInfo kQ8_1{"Q8_1", 32, 36};
   static const DTypeInfo kQ4_K{"Q4_K", 256, 144};
@@ -39,6 +41,7 @@ const DTypeInfo& GetDTypeInfo(DType t) {
     case DType::kBF16: return kBF16;
     case DType::kQ4_0: return kQ4_0;
     case DType::kQ4_1: return kQ4_1;
+    case DType::kQ5_0: return kQ5_0;
     case DType::kQ8_0: return kQ8_0;
     case DType::kQ8_1: return kQ8_1;
     case DType::kQ4_K: return kQ4_K;

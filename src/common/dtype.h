@@ -13,6 +13,7 @@ enum class DType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
   kQ8_0 = 8,
   kQ8_1 = 9,
   kQ4_K = 12,

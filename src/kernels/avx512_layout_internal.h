@@ -5,8 +5,8 @@
 // group is two 64-byte halves A and B; int32 lane L (0..15) of vpdpbusd sums the 4 products of
 // bytes 4L..4L+3 of A plus those of B, and the 8 elements a lane sees always share one weight
 // scale and one activation scale. Which elements go where ("order") depends on the type:
-//   kSplit (Q4_0, Q4_1, Q8_0): A = elements 0-15 of the group's 4 blocks of 32, B = elements
-//     16-31 (matches the low / high nibbles of Q4 blocks). Lanes 4b..4b+3 = block b.
+//   kSplit (Q4_0, Q4_1, Q5_0, Q8_0): A = elements 0-15 of the group's 4 blocks of 32, B =
+//     elements 16-31 (matches the low / high nibbles of Q4 / Q5 blocks). Lanes 4b..4b+3 = block b.
 //   kLanes (Q4_K, Q6_K): lane L owns elements 8L..8L+3 (in A) and 8L+4..8L+7 (in B).
 //
 // Activation row (act_bytes):             Weight tile row (w_bytes):
@@ -16,13 +16,14 @@
 //                       scale * sum(q)
 // dot = sum over lanes of (sum qw*qa) * sw * sa + sum over min blocks of mw * ss.
 // Weights with an offset are stored as unsigned and the offset moves into mw: Q4_0 q - 8
-// -> mw = -8 d; Q8_0 q -> q + 128, mw = -128 d; Q6_K q - 32 -> mw = -32 d sc (per 16); Q4_1
-// mw = m; Q4_K mw = -dmin m. Min blocks are 16 elements for Q6_K, 32 otherwise.
+// -> mw = -8 d; Q5_0 q - 16 -> mw = -16 d; Q8_0 q -> q + 128, mw = -128 d; Q6_K q - 32 -> mw = -32
+// d sc (per 16); Q4_1 mw = m; Q4_K mw = -dmin m. Min blocks are 16 elements for Q6_K, 32 otherwise.
 // Float types (F32/F16/BF16): both sides are plain f32 rows zero-padded to k16 elements.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -161,6 +162,45 @@ inline SplitGroup LoadSplitGroup(const uint8_t* row, int64_t g, int64_t nb) {
     s.a = _mm512_and_si512(v, m4);
     s.b = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
   }
+  return s;
+}
+
+// One group (4 blocks) of a Q5_0 row in kSplit order, zero-padded past nb blocks, as
+// LoadSplitGroup: a / b = q (0..31), f = d0 x d1 x d2 x d3 x (x junk).
+inline SplitGroup LoadQ5_0Group(const uint8_t* row, int64_t g, int64_t nb) {
+  constexpr int kBB = 22;  // sizeof(block_q5_0): d, qh[4], qs[16]
+  const uint8_t* blk = row + 4 * g * kBB;
+  const int n = static_cast<int>(std::min<int64_t>(4, nb - 4 * g));  // blocks in this group
+  // The group's bytes as two vectors; the masked loads read nothing past the last block.
+  const int bytes = n * kBB;
+  const __mmask64 m0 = bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << bytes) - 1;
+  const __mmask64 m1 = bytes > 64 ? (__mmask64{1} << (bytes - 64)) - 1 : 0;
+  const __m512i head = _mm512_maskz_loadu_epi8(m0, blk);
+  const __m512i tail = _mm512_maskz_loadu_epi8(m1, blk + 64);
+  // One word permute: d_b -> word 2b; the low halves of qh_0..qh_3 -> words 8..11, the high
+  // halves -> words 12..15. Block b's words start at 11b (d), then 11b + 1, 11b + 2 (qh).
+  const __m512i idx = _mm512_setr_epi32(0, 11, 22, 33, 1 | (12 << 16), 23 | (34 << 16),
+                                        2 | (13 << 16), 24 | (35 << 16), 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i w = _mm512_permutex2var_epi16(head, idx, tail);
+  // Bit 16b + j of qh64[0] is the fifth bit of element j of block b, i.e. of byte 16b + j of
+  // half A; qh64[1] the same for half B (elements 16 + j).
+  const __m128i qh64 = _mm512_extracti32x4_epi32(w, 1);
+  const __mmask64 fifth_a = _cvtu64_mask64(static_cast<uint64_t>(_mm_cvtsi128_si64(qh64)));
+  const __mmask64 fifth_b = _cvtu64_mask64(static_cast<uint64_t>(_mm_extract_epi64(qh64, 1)));
+  __m128i qs[4];
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {
+    qs[b] = b < n ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + b * kBB + 6))
+                  : _mm_setzero_si128();
+  }
+  const __m512i v = Combine(qs[0], qs[1], qs[2], qs[3]);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  const __m512i lo = _mm512_and_si512(v, m4);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+  SplitGroup s;
+  s.a = _mm512_mask_add_epi8(lo, fifth_a, lo, bit4);
+  s.b = _mm512_mask_add_epi8(hi, fifth_b, hi, bit4);
+  s.f = _mm256_cvtph_ps(_mm512_castsi512_si128(w));
   return s;
 }
 

@@ -177,6 +177,7 @@ int64_t ActRowBytes(DType wtype, int64_t k) {
 void QuantizeAct(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   switch (wtype) {
     case DType::kQ4_0:
+    case DType::kQ5_0:
     case DType::kQ8_0: QuantActQ8x32(x, k, dst, false); return;
     case DType::kQ4_1: QuantActQ8x32(x, k, dst, true); return;
     case DType::kQ4_K:
@@ -201,6 +202,28 @@ void PackQ4(const uint8_t* src, const Layout& L, uint8_t* dst) {
     StoreI(dst + 32 * b, v);
     _mm256_storeu_ps(sw + 8 * b, _mm256_set1_ps(Half(blk)));
     mw[b] = kQ41 ? Half(blk + 2) : 0.f;
+  }
+}
+
+// Q5_0 as signed q - 16: the nibbles as for Q4_0, then every byte whose fifth bit (in qh) is clear
+// gets 0xF0 or-ed in (nibble | 0xF0 = nibble - 16 as int8); one whose bit is set is q - 16.
+void PackQ5_0(const uint8_t* src, const Layout& L, uint8_t* dst) {
+  auto* sw = reinterpret_cast<float*>(dst + L.w_sw());
+  const __m256i m4 = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(static_cast<char>(0xF0));
+  // Byte j of the result picks byte j / 8 of qh (broadcast to every dword) and tests bit j % 8.
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                        2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  for (int64_t b = 0; b < L.nb; ++b) {
+    const uint8_t* blk = src + b * sizeof(BlockQ5_0);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+    int32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m256i sel = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), pick), bit);
+    const __m256i set = _mm256_cmpeq_epi8(sel, bit);
+    StoreI(dst + 32 * b, _mm256_or_si256(v, _mm256_andnot_si256(set, high)));
+    _mm256_storeu_ps(sw + 8 * b, _mm256_set1_ps(Half(blk)));
   }
 }
 
@@ -287,6 +310,7 @@ void PackRow(DType t, const uint8_t* src, int64_t k, uint8_t* dst) {
   switch (t) {
     case DType::kQ4_0: PackQ4<false>(src, L, dst); return;
     case DType::kQ4_1: PackQ4<true>(src, L, dst); return;
+    case DType::kQ5_0: PackQ5_0(src, L, dst); return;
     case DType::kQ8_0: PackQ8_0(src, L, dst); return;
     case DType::kQ4_K: PackQ4_K(src, L, dst); return;
     case DType::kQ6_K: PackQ6_K(src, L, dst); return;
@@ -394,8 +418,8 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 
 const IsaImpl* Avx2Isa() {
   // No AVX2 attention or activation kernels yet: those entries are the scalar ones.
-  static const IsaImpl impl{"avx2",     avx2::ActRowBytes, avx2::QuantizeAct,
-                            avx2::Gemm, SiluMulScalar,     AttendTileScalar};
+  static const IsaImpl impl{"avx2",        avx2::ActRowBytes, avx2::QuantizeAct, avx2::Gemm,
+                            SiluMulScalar, GeluMulScalar,     AttendTileScalar};
   return &impl;
 }
 

@@ -32,7 +32,8 @@ inline __m512i Rne(__m512 v) {
   return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-// Q8_0 / Q8_1 numerics (quant_blocks_internal.h) in kSplit order, for Q4_0 / Q4_1 / Q8_0 weights.
+// Q8_0 / Q8_1 numerics (quant_blocks_internal.h) in kSplit order, for Q4_0 / Q4_1 / Q5_0 / Q8_0
+// weights.
 // ss per 32: Q4_1 (ggml's Q8_1 s) fp16(d * sum q); others fp16(d) * sum q. Values are
 // assembled in registers: a narrow store read back by a wide load stalls on store forwarding.
 void QuantActSplit(DType wtype, const float* x, int64_t k, uint8_t* dst) {
@@ -156,6 +157,7 @@ void QuantizeAct(DType wtype, const float* x, int64_t k, uint8_t* dst) {
   switch (wtype) {
     case DType::kQ4_0:
     case DType::kQ4_1:
+    case DType::kQ5_0:
     case DType::kQ8_0: QuantActSplit(wtype, x, k, dst); return;
     case DType::kQ4_K:
     case DType::kQ6_K: QuantActQ8K(wtype, x, k, dst); return;
@@ -281,8 +283,8 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace avx512
 
 const IsaImpl* Avx512Isa() {
-  static const IsaImpl impl{"avx512",     avx512::ActRowBytes, avx512::QuantizeAct,
-                            avx512::Gemm, SiluMulAvx512,       AttendTileAvx512};
+  static const IsaImpl impl{"avx512",      avx512::ActRowBytes, avx512::QuantizeAct, avx512::Gemm,
+                            SiluMulAvx512, GeluMulAvx512,       AttendTileAvx512};
   return &impl;
 }
 

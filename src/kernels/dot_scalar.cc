@@ -36,6 +36,16 @@ float DotQ4_1(const BlockQ4_1* w, const BlockQ8_1* a, int64_t nb) {
   return sumf;
 }
 
+float DotQ5_0(const BlockQ5_0* w, const BlockQ8_0* a, int64_t nb) {
+  float sumf = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < 32; ++j) sumi += (Q5_0Value(w[i], j) - 16) * a[i].qs[j];
+    sumf += sumi * (H2F(w[i].d) * H2F(a[i].d));
+  }
+  return sumf;
+}
+
 float DotQ8_0(const BlockQ8_0* w, const BlockQ8_0* a, int64_t nb) {
   float sumf = 0;
   for (int64_t i = 0; i < nb; ++i) {
@@ -113,6 +123,8 @@ float VecDot(DType t, const void* w, const void* a, int64_t k) {
       return DotQ4_0(static_cast<const BlockQ4_0*>(w), static_cast<const BlockQ8_0*>(a), k / kQK);
     case DType::kQ4_1:
       return DotQ4_1(static_cast<const BlockQ4_1*>(w), static_cast<const BlockQ8_1*>(a), k / kQK);
+    case DType::kQ5_0:
+      return DotQ5_0(static_cast<const BlockQ5_0*>(w), static_cast<const BlockQ8_0*>(a), k / kQK);
     case DType::kQ8_0:
       return DotQ8_0(static_cast<const BlockQ8_0*>(w), static_cast<const BlockQ8_0*>(a), k / kQK);
     case DType::kQ4_K:
@@ -166,8 +178,8 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace
 
 const IsaImpl* ScalarIsa() {
-  static const IsaImpl impl{"scalar", ActRowBytes,   QuantizeAct,
-                            Gemm,     SiluMulScalar, AttendTileScalar};
+  static const IsaImpl impl{"scalar",      ActRowBytes,   QuantizeAct,     Gemm,
+                            SiluMulScalar, GeluMulScalar, AttendTileScalar};
   return &impl;
 }
 

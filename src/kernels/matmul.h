@@ -1,7 +1,7 @@
 // Quantized matrix multiply and row conversion on the CPU.
 //
 // Weights stay in their GGUF block format; activations are quantized once per call to the
-// matching "dot" type (Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for K-quants, F16/BF16/F32 kept
+// matching "dot" type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1, Q8_K for K-quants, F16/BF16/F32 kept
 // as is), then dot products run over the blocks directly. Runtime dispatch (kernels/cpu_isa.h)
 // picks AVX-512 or AVX2 code paths (scalar reference always available for tests).
 //
@@ -40,7 +40,7 @@ void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 
 // Quantizes n float32 values into `t` blocks (all weight types above, for tests and for
-// building GGUF files); n must be a multiple of the block size. Q4_0 / Q4_1 follow ggml's
+// building GGUF files); n must be a multiple of the block size. Q4_0 / Q4_1 / Q5_0 follow ggml's
 // reference quantizers; Q4_K / Q6_K use a simple scale choice (valid format, not llama.cpp's
 // error-optimal search); Q8_0 / Q8_1 / Q8_K are the activation quantizers described above.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);

@@ -4,7 +4,10 @@
 //
 // Tolerance: |y - ref| <= 5e-5 * S + 1e-6 with S = sum_i |w_i a_i| (plus |m * s| per block for
 // Q4_1). The integer block sums are exact, so only float rounding of scales and accumulation
-// remains (~1e-6 S); a wrong element, scale or block shows up as >= ~1/k of S.
+// remains (~1e-6 S); a wrong element, scale or block shows up as >= ~1/k of S. (The AVX-512 path
+// stores offset weights unsigned and subtracts the offset per block, e.g. 16 d sum(q_a) for Q5_0:
+// with Gaussian weights such a term is a few times that block's share of S, so its rounding is
+// still ~1e-6 S.)
 #include "kernels/matmul.h"
 
 #include <gtest/gtest.h>
@@ -225,11 +228,35 @@ TEST_P(MatMulTest, RowResultsDoNotDependOnTheBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest,
-                         ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K,
-                                           DType::kQ6_K, DType::kF32, DType::kF16, DType::kBF16),
+                         ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0,
+                                           DType::kQ4_K, DType::kQ6_K, DType::kF32, DType::kF16,
+                                           DType::kBF16),
                          [](const auto& info) {
                            return std::string(GetDTypeInfo(info.param).name);
                          });
+
+// Q5_0 on the shapes Gemma 3 270M gives it (attn_q 1024 x 640, attn_k 256 x 640, ffn_gate and
+// ffn_up 2048 x 640), one instruction set per test so that a missing one skips only itself.
+class MatMulQ5_0Test : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MatMulQ5_0Test, GemmaShapesMatchReference) {
+  ScopedIsa isa(GetParam());
+  if (!isa.ok()) GTEST_SKIP() << "CPU lacks " << GetParam();
+  ThreadPool pool(2);
+  uint32_t seed = 40;
+  for (int64_t n : {256, 1024, 2048}) {
+    for (int64_t m : {1, 5}) {
+      const Problem p = MakeProblem(DType::kQ5_0, n, 640, m, seed++);
+      const std::string what =
+          std::string(GetParam()) + " n=" + std::to_string(n) + " m=" + std::to_string(m);
+      ExpectClose(p, RunMatMul(p, nullptr), p.ref, what);
+      ExpectClose(p, RunMatMul(p, &pool), p.ref, what + " 2 threads");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, MatMulQ5_0Test, ::testing::Values("scalar", "avx2", "avx512"),
+                         [](const auto& info) { return std::string(info.param); });
 
 TEST(MatMulIsaTest, ForceAndReport) {
   EXPECT_FALSE(ForceIsa("sse9"));
@@ -244,7 +271,7 @@ TEST(MatMulIsaTest, ForceAndReport) {
 TEST(MatMulIsaTest, ZeroActivations) {
   for (const char* isa : AvailableIsas()) {
     ASSERT_TRUE(ForceIsa(isa));
-    for (DType t : {DType::kQ4_1, DType::kQ4_K, DType::kQ8_0, DType::kQ6_K}) {
+    for (DType t : {DType::kQ4_1, DType::kQ5_0, DType::kQ4_K, DType::kQ8_0, DType::kQ6_K}) {
       Problem p = MakeProblem(t, 8, 256, 2, 5);
       std::fill(p.x.begin(), p.x.end(), 0.0f);
       for (float v : RunMatMul(p, nullptr))

@@ -20,7 +20,8 @@ void StoreGroup(uint8_t* dst, const QLayout& L, int64_t g, __m512i a, __m512i b,
   _mm512_storeu_ps(dst + L.w_sw() + g * 64, sw);
 }
 
-// Q4_0 / Q4_1 / Q8_0 in kSplit order: no permutes. mw: Q4_1 m, Q4_0 -8 d, Q8_0 -128 d.
+// Q4_0 / Q4_1 / Q5_0 / Q8_0 in kSplit order: no permutes. mw: Q4_1 m, Q4_0 -8 d, Q5_0 -16 d,
+// Q8_0 -128 d.
 template <DType kType>
 void PackSplit(const uint8_t* src, int64_t k, const QLayout& L, uint8_t* dst) {
   const int64_t nb = k / 32;
@@ -29,9 +30,17 @@ void PackSplit(const uint8_t* src, int64_t k, const QLayout& L, uint8_t* dst) {
   // Odd elements of f (the mins) for Q4_1, even ones (d) otherwise, times the offset.
   const __m256i pick = kType == DType::kQ4_1 ? _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)
                                              : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-  const float mul = kType == DType::kQ4_1 ? 1.f : kType == DType::kQ4_0 ? -8.f : -128.f;
+  const float mul = kType == DType::kQ4_1   ? 1.f
+                    : kType == DType::kQ4_0 ? -8.f
+                    : kType == DType::kQ5_0 ? -16.f
+                                            : -128.f;
   for (int64_t g = 0; g < L.groups; ++g) {
-    const SplitGroup s = LoadSplitGroup<kType>(src, g, nb);
+    SplitGroup s;
+    if constexpr (kType == DType::kQ5_0) {
+      s = LoadQ5_0Group(src, g, nb);
+    } else {
+      s = LoadSplitGroup<kType>(src, g, nb);
+    }
     StoreGroup(dst, L, g, s.a, s.b, Expand4Even(s.f));
     const __m256 m = _mm256_mul_ps(_mm256_permutevar8x32_ps(s.f, pick), _mm256_set1_ps(mul));
     _mm_storeu_ps(mw + 4 * g, _mm256_castps256_ps128(m));
@@ -120,6 +129,7 @@ void PackRow(DType t, const uint8_t* src, int64_t k, uint8_t* dst) {
   switch (t) {
     case DType::kQ4_0: PackSplit<DType::kQ4_0>(src, k, L, dst); return;
     case DType::kQ4_1: PackSplit<DType::kQ4_1>(src, k, L, dst); return;
+    case DType::kQ5_0: PackSplit<DType::kQ5_0>(src, k, L, dst); return;
     case DType::kQ8_0: PackSplit<DType::kQ8_0>(src, k, L, dst); return;
     case DType::kQ4_K: PackQ4_K(src, k, L, dst); return;
     case DType::kQ6_K: PackQ6_K(src, k, L, dst); return;

@@ -10,7 +10,7 @@
 
 namespace tandem::kernels {
 
-inline constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q8_0 / Q8_1 block
+inline constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q8_1 block
 inline constexpr int kQKK = 256;  // elements per K-quant super-block
 
 // x = (q - 8) * d, q = nibble. Element j (0..15) is the low nibble of qs[j], j+16 the high one.
@@ -22,6 +22,13 @@ struct BlockQ4_0 {
 struct BlockQ4_1 {
   uint16_t d;
   uint16_t m;
+  uint8_t qs[16];
+};
+// x = (q - 16) * d, q = 5 bits: the low 4 in nibbles as Q4_0 (element j < 16: low nibble of
+// qs[j], j + 16: high nibble), the fifth is bit j of qh read as a little-endian uint32.
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
   uint8_t qs[16];
 };
 // x = q * d.
@@ -60,6 +67,7 @@ struct BlockQ8_K {
 
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ4_K) == 144);
@@ -90,10 +98,19 @@ inline int NearestInt(float f) {
   return (i & 0x007fffff) - 0x00400000;
 }
 
+// The 5-bit value q (0..31) of element j (0..31) of a Q5_0 block.
+inline int Q5_0Value(const BlockQ5_0& b, int j) {
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, 4);
+  const int lo = j < 16 ? b.qs[j] & 0xF : b.qs[j - 16] >> 4;
+  return lo | static_cast<int>(((qh >> j) & 1) << 4);
+}
+
 // The activation ("vec dot") type MatMul pairs with weight type t.
 inline DType ActType(DType t) {
   switch (t) {
     case DType::kQ4_0:
+    case DType::kQ5_0:
     case DType::kQ8_0: return DType::kQ8_0;
     case DType::kQ4_1: return DType::kQ8_1;
     case DType::kQ4_K:

@@ -34,6 +34,32 @@ void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t k) {
   }
 }
 
+// Q5_0 (quantize_row_q5_0_ref): d = max / -16 with max the signed value of largest magnitude;
+// q = min(31, trunc(x/d + 16.5)), so -max lands on 32 and is clamped to 31 (one step off).
+void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t k) {
+  for (int64_t i = 0; i < k / kQK; ++i, x += kQK) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < kQK; ++j) {
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -16;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    y[i].d = F2H(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(31, static_cast<int>(static_cast<int8_t>(x[j] * id + 16.5f)));
+      const int q1 = std::min(31, static_cast<int>(static_cast<int8_t>(x[j + 16] * id + 16.5f)));
+      y[i].qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+      qh |= static_cast<uint32_t>(q0 >> 4) << j;
+      qh |= static_cast<uint32_t>(q1 >> 4) << (j + 16);
+    }
+    std::memcpy(y[i].qh, &qh, 4);
+  }
+}
+
 // Q4_1: m = min, d = (max - min) / 15, q = (x - m) / d.
 void QuantizeQ4_1(const float* x, BlockQ4_1* y, int64_t k) {
   for (int64_t i = 0; i < k / kQK; ++i, x += kQK) {
@@ -186,6 +212,13 @@ void DequantQ4_1(const BlockQ4_1* x, float* y, int64_t k) {
   }
 }
 
+void DequantQ5_0(const BlockQ5_0* x, float* y, int64_t k) {
+  for (int64_t i = 0; i < k / kQK; ++i, y += kQK) {
+    const float d = H2F(x[i].d);
+    for (int j = 0; j < kQK; ++j) y[j] = (Q5_0Value(x[i], j) - 16) * d;
+  }
+}
+
 template <typename Block>
 void DequantQ8(const Block* x, float* y, int64_t k) {
   for (int64_t i = 0; i < k / kQK; ++i, y += kQK) {
@@ -306,6 +339,7 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
     }
     case DType::kQ4_0: QuantizeQ4_0(src, static_cast<BlockQ4_0*>(dst), n); return;
     case DType::kQ4_1: QuantizeQ4_1(src, static_cast<BlockQ4_1*>(dst), n); return;
+    case DType::kQ5_0: QuantizeQ5_0(src, static_cast<BlockQ5_0*>(dst), n); return;
     case DType::kQ8_0: QuantizeActQ8_0(src, static_cast<BlockQ8_0*>(dst), n); return;
     case DType::kQ8_1: QuantizeActQ8_1(src, static_cast<BlockQ8_1*>(dst), n); return;
     case DType::kQ4_K: QuantizeQ4_K(src, static_cast<BlockQ4_K*>(dst), n); return;
@@ -330,6 +364,7 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n) {
     }
     case DType::kQ4_0: DequantQ4_0(static_cast<const BlockQ4_0*>(src), dst, n); return;
     case DType::kQ4_1: DequantQ4_1(static_cast<const BlockQ4_1*>(src), dst, n); return;
+    case DType::kQ5_0: DequantQ5_0(static_cast<const BlockQ5_0*>(src), dst, n); return;
     case DType::kQ8_0: DequantQ8(static_cast<const BlockQ8_0*>(src), dst, n); return;
     case DType::kQ8_1: DequantQ8(static_cast<const BlockQ8_1*>(src), dst, n); return;
     case DType::kQ4_K: DequantQ4_K(static_cast<const BlockQ4_K*>(src), dst, n); return;

@@ -42,15 +42,19 @@ double RelRmse(const std::vector<float>& x, const std::vector<float>& y) {
 TEST(TypesTest, Table) {
   EXPECT_EQ(DTypeFromGguf(3), DType::kQ4_1);
   EXPECT_EQ(DTypeFromGguf(30), DType::kBF16);
-  EXPECT_FALSE(DTypeFromGguf(6).has_value());  // Q5_0: not supported
+  EXPECT_EQ(DTypeFromGguf(6), DType::kQ5_0);
+  EXPECT_FALSE(DTypeFromGguf(7).has_value());  // Q5_1: not supported
   EXPECT_EQ(RowBytes(DType::kQ4_0, 64), 36);
   EXPECT_EQ(RowBytes(DType::kQ4_1, 64), 40);
+  EXPECT_EQ(RowBytes(DType::kQ5_0, 64), 44);
   EXPECT_EQ(RowBytes(DType::kQ8_0, 64), 68);
   EXPECT_EQ(RowBytes(DType::kQ4_K, 512), 288);
   EXPECT_EQ(RowBytes(DType::kQ6_K, 256), 210);
   EXPECT_EQ(RowBytes(DType::kQ8_K, 256), 292);
   EXPECT_EQ(RowBytes(DType::kF16, 10), 20);
   EXPECT_STREQ(GetDTypeInfo(DType::kQ6_K).name, "Q6_K");
+  EXPECT_STREQ(GetDTypeInfo(DType::kQ5_0).name, "Q5_0");
+  EXPECT_EQ(GetDTypeInfo(DType::kQ5_0).block_elems, 32);
 }
 
 TEST(QuantizeTest, FloatTypesRoundTrip) {
@@ -64,11 +68,13 @@ TEST(QuantizeTest, FloatTypesRoundTrip) {
   }
 }
 
-// Per-block bounds for the 32-element formats: half a step (one step for Q4_0, whose range is
-// asymmetric), plus fp16 rounding of the scale / min.
+// Per-block bounds for the 32-element formats: half a step (one step for Q4_0 / Q5_0, whose
+// range is asymmetric: -max maps to 8 / 16 steps and is clamped to 7 / 15), plus fp16 rounding
+// of the scale / min. For Q4_0 / Q5_0 that rounding moves an element by at most 8 / 16 steps times
+// |d| 2^-11 = amax 2^-11, inside the 1% margin (amax 0.00125 / 0.000625).
 TEST(QuantizeTest, Block32RoundTrip) {
   const auto x = RandomRow(32 * 64, 2);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ8_1}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ8_1}) {
     const auto y = RoundTrip(t, x);
     for (size_t b = 0; b < x.size() / 32; ++b) {
       float mn = x[32 * b], mx = x[32 * b], amax = 0;
@@ -79,6 +85,7 @@ TEST(QuantizeTest, Block32RoundTrip) {
       }
       float bound = 0;
       if (t == DType::kQ4_0) bound = amax / 8 * 1.01f;
+      if (t == DType::kQ5_0) bound = amax / 16 * 1.01f;
       if (t == DType::kQ4_1) bound = (mx - mn) / 15 * 0.51f + std::fabs(mn) * 0x1p-10f;
       if (t == DType::kQ8_0 || t == DType::kQ8_1) bound = amax / 127 * 0.51f + amax * 0x1p-10f;
       for (int j = 0; j < 32; ++j) {
@@ -87,6 +94,70 @@ TEST(QuantizeTest, Block32RoundTrip) {
       }
     }
   }
+}
+
+// Q5_0 follows ggml's quantize_row_q5_0_ref exactly: d = max / -16 (max: the first value of
+// largest magnitude, sign kept), q = min(31, trunc(x / d + 16.5)), low nibbles in qs (element
+// j < 16 low, j + 16 high), fifth bits in qh (bit j, little-endian).
+TEST(QuantizeTest, Q5_0MatchesGgmlReference) {
+  std::vector<float> x(64, 0.0f);
+  // Block 0: max = -16, so d = 1 and x / d + 16.5 is exact.
+  x[0] = -16.0f;  // 0.5 -> q 0
+  x[1] = 16.0f;   // 32.5 -> 32, clamped to 31 (decodes to 15)
+  x[2] = 0.5f;    // 17.0 -> 17
+  x[3] = -0.5f;   // 16.0 -> 16
+  x[4] = 2.49f;   // 18.99 -> 18 (truncation)
+  x[5] = -2.5f;   // 14.0 -> 14: halves round up
+  x[6] = -15.9f;  // 0.6 -> 0
+  x[17] = 7.5f;   // 24: high nibble 8 of qs[1], bit 17 set
+  x[20] = -7.6f;  // 8.9 -> 8: high nibble 8 of qs[4], bit 20 clear
+  x[31] = 16.0f;  // as large as x[0]: the first one sets max (else d would be -1)
+  // Block 1: max = +8 (positive), so d = -0.5 and q = 16.5 - 2x.
+  x[32] = 8.0f;   // 0.5 -> 0 (decodes to 8)
+  x[33] = -8.0f;  // 32.5 -> 31 (decodes to -7.5)
+  x[34] = 1.0f;   // 14.5 -> 14
+  BlockQ5_0 b[2];
+  QuantizeRow(DType::kQ5_0, x.data(), b, 64);
+  EXPECT_EQ(b[0].d, 0x3C00);  // 1.0
+  EXPECT_EQ(b[1].d, 0xB800);  // -0.5
+  int q[64];
+  for (int j = 0; j < 32; ++j) {
+    q[j] = Q5_0Value(b[0], j);
+    q[32 + j] = Q5_0Value(b[1], j);
+  }
+  EXPECT_EQ(q[0], 0);
+  EXPECT_EQ(q[1], 31);
+  EXPECT_EQ(q[2], 17);
+  EXPECT_EQ(q[3], 16);
+  EXPECT_EQ(q[4], 18);
+  EXPECT_EQ(q[5], 14);
+  EXPECT_EQ(q[6], 0);
+  EXPECT_EQ(q[7], 16);  // zeros: trunc(16.5)
+  EXPECT_EQ(q[17], 24);
+  EXPECT_EQ(q[20], 8);
+  EXPECT_EQ(q[31], 31);
+  EXPECT_EQ(q[32], 0);
+  EXPECT_EQ(q[33], 31);
+  EXPECT_EQ(q[34], 14);
+  // The raw bytes: q[1] = 31 and q[17] = 24 share qs[1]; of qh bits 0-4, 17 and 31, all but
+  // bit 0 are set.
+  EXPECT_EQ(b[0].qs[1], 0x8F);
+  uint32_t qh;
+  std::memcpy(&qh, b[0].qh, 4);
+  uint32_t want_qh = 0;
+  for (int j = 0; j < 32; ++j) want_qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+  EXPECT_EQ(qh, want_qh);
+  EXPECT_EQ(qh & 0x8002001Fu, 0x8002001Eu);
+  float y[64];
+  DequantizeRow(DType::kQ5_0, b, y, 64);
+  EXPECT_EQ(y[0], -16.0f);
+  EXPECT_EQ(y[1], 15.0f);
+  EXPECT_EQ(y[5], -2.0f);
+  EXPECT_EQ(y[32], 8.0f);
+  EXPECT_EQ(y[33], -7.5f);
+  // An all-zero block: d = 0, every q = 16, every value 0.
+  std::vector<float> z(32, 0.0f);
+  for (float v : RoundTrip(DType::kQ5_0, z)) EXPECT_EQ(v, 0.0f);
 }
 
 TEST(QuantizeTest, KQuantRoundTrip) {
@@ -117,6 +188,28 @@ TEST(DequantizeTest, HandMadeQ4_0AndQ8_0) {
   DequantizeRow(DType::kQ8_0, &b8, y, 32);
   EXPECT_EQ(y[0], -32.0f);
   EXPECT_EQ(y[31], (31 * 8 - 128) * 0.25f);
+}
+
+TEST(DequantizeTest, HandMadeQ5_0) {
+  BlockQ5_0 b{};
+  b.d = 0x3800;                     // 0.5
+  const uint32_t qh = 0xA5C3F00Fu;  // fifth bits: element j has bit j
+  std::memcpy(b.qh, &qh, 4);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  float y[32];
+  DequantizeRow(DType::kQ5_0, &b, y, 32);
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = j | static_cast<int>(((qh >> j) & 1) << 4);
+    const int q1 = (15 - j) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+    ASSERT_EQ(y[j], (q0 - 16) * 0.5f) << j;
+    ASSERT_EQ(y[j + 16], (q1 - 16) * 0.5f) << j + 16;
+  }
+  EXPECT_EQ(y[0], 0.0f);    // nibble 0, bit 0 set: q 16
+  EXPECT_EQ(y[4], -6.0f);   // nibble 4, bit 4 clear: q 4
+  EXPECT_EQ(y[15], 7.5f);   // nibble 15, bit 15 set: q 31
+  EXPECT_EQ(y[16], 7.5f);   // high nibble of qs[0] = 15, bit 16 set: q 31
+  EXPECT_EQ(y[18], -1.5f);  // high nibble of qs[2] = 13, bit 18 clear: q 13
+  EXPECT_EQ(y[31], 0.0f);   // high nibble of qs[15] = 0, bit 31 set: q 16
 }
 
 TEST(DequantizeTest, HandMadeQ4_1) {
