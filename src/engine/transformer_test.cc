@@ -10,6 +10,7 @@
 #include "common/fp16.h"
 #include "engine/attention.h"
 #include "engine/test_model.h"
+#include "kernels/activations.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/matmul.h"
 
@@ -82,8 +83,8 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // A plain float reference of the forward pass (Llama, or Gemma 3 per the config) for one
 // sequence: dequantized weights, float activations, K/V rounded to fp16 as the cache stores them
-// and Q as the engine rounds it for attention, GELU as kernels::GeluMul defines it. Returns
-// logits of every position, (n, vocab).
+// and Q as the engine rounds it for attention, GELU as kernels::GeluMul defines it (its scalar
+// path). Returns logits of every position, (n, vocab).
 std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>& tokens) {
   const auto& c = f.config;
   const int n = static_cast<int>(tokens.size());
@@ -126,15 +127,12 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
       *pb = static_cast<float>(a * std::sin(theta) + b * std::cos(theta));
     }
   };
-  auto gelu = [](float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    const float h = Fp16ToFp32(Fp32ToFp16(x));
-    const float g =
-        0.5f * h *
-        (1.0f + std::tanh(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
-    return Fp16ToFp32(Fp32ToFp16(g));
-  };
+  auto gelu =
+      [](float x) {  // the scalar kernel, checked against its definition in activations_test
+        float one = 1.0f;
+        kernels::GeluMulScalar(&x, &one, 1);
+        return x;
+      };
   const auto embd = deq(f.weights.token_embd);
   std::vector<float> x(n * c.dim);
   for (int t = 0; t < n; ++t) {

@@ -39,10 +39,13 @@ struct AttentionTile {
 //        heads are written)
 // The AVX-512 path takes block_tokens == 16 with head_dim % 16 == 0; other shapes, and other
 // instruction sets, take the portable one. Thread-safe (scratch is per thread).
+// First position a query at `pos` sees (0 without a sliding window).
+inline int WindowStart(const AttentionTile& a, int pos) {
+  return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
+}
 // The first block index (position / block_tokens) a tile starting at first_pos reads.
 inline int FirstVisibleBlock(const AttentionTile& a, int first_pos) {
-  const int start = a.window > 0 ? first_pos - a.window + 1 : 0;
-  return start > 0 ? start / a.block_tokens : 0;
+  return WindowStart(a, first_pos) / a.block_tokens;
 }
 
 void AttendTile(const AttentionTile& a, int first_pos, int n_tokens, const float* q,

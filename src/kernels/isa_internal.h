@@ -53,10 +53,6 @@ struct AttentionRowState {
   float sum;
 };
 constexpr int kMaxAttentionRows = kMaxAttentionTile * kMaxAttentionGroup;
-// First position a query at `pos` sees (0 without a sliding window).
-inline int WindowStart(const AttentionTile& a, int pos) {
-  return a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
-}
 
 void SiluMulAvx512(float* gate, const float* up, int64_t n);
 void GeluMulAvx512(float* gate, const float* up, int64_t n);

@@ -13,16 +13,22 @@ namespace {
 
 // ---- weights (ggml reference semantics where it matters for the format) ----
 
+// The value of largest magnitude among x[0..n), with its sign (the first one on ties).
+float SignedAbsMax(const float* x, int n) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < n; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
 // Q4_0: d = max / -8 where max is the signed value of largest magnitude; q = x/d + 8.
 void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t k) {
   for (int64_t i = 0; i < k / kQK; ++i, x += kQK) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < kQK; ++j) {
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
+    const float max = SignedAbsMax(x, kQK);
     const float d = max / -8;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     y[i].d = F2H(d);
@@ -38,13 +44,7 @@ void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t k) {
 // q = min(31, trunc(x/d + 16.5)), so -max lands on 32 and is clamped to 31 (one step off).
 void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t k) {
   for (int64_t i = 0; i < k / kQK; ++i, x += kQK) {
-    float amax = 0, max = 0;
-    for (int j = 0; j < kQK; ++j) {
-      if (std::fabs(x[j]) > amax) {
-        amax = std::fabs(x[j]);
-        max = x[j];
-      }
-    }
+    const float max = SignedAbsMax(x, kQK);
     const float d = max / -16;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     y[i].d = F2H(d);

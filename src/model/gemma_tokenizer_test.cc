@@ -18,32 +18,8 @@ namespace tandem::model {
 namespace {
 
 using nlohmann::json;
-
-std::string Base64Decode(const std::string& in) {
-  static const std::string kChars =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    if (c == '=') break;
-    acc = (acc << 6) | static_cast<uint32_t>(kChars.find(c));
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  return out;
-}
-
-std::string HexDecode(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
+using testing_util::Base64Decode;
+using testing_util::HexDecode;
 
 std::string CaseText(const json& c) {
   return c.contains("text") ? c["text"].get<std::string>() : HexDecode(c["hex"].get<std::string>());

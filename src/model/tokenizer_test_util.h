@@ -29,6 +29,33 @@ inline std::filesystem::path GoldenDir() {
   return rel;
 }
 
+// Golden files carry raw bytes as base64 or hex.
+inline std::string Base64Decode(const std::string& in) {
+  static const std::string kChars =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    acc = (acc << 6) | static_cast<uint32_t>(kChars.find(c));
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  return out;
+}
+
+inline std::string HexDecode(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
 inline nlohmann::json ReadGoldenJson(const std::string& name) {
   const std::filesystem::path path = GoldenDir() / name;
   std::ifstream in(path);

@@ -23,7 +23,6 @@ The default run writes cases.json; --long writes cases_32k.json (minutes on 2 co
 """
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -35,7 +34,8 @@ import numpy as np
 import llama_cpp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_generation_golden import PARAGRAPHS  # noqa: E402  (fixed text, shared)
+from make_generation_golden import (  # noqa: E402  (fixed text and helpers, shared)
+    PARAGRAPHS, last_logits, sha256_file, top2_margin)
 
 MAX_NEW_TOKENS = 32
 TOP_LOGITS = 256
@@ -62,25 +62,6 @@ def section_text(n_sections, seed):
         parts.append("Section %d (reference code %d). %s The reference code of section %d is %d."
                      % (i + 1, code, p, i + 1, code))
     return "\n\n".join(parts)
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def last_logits(llm):
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    arr = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))
-    return np.array(arr, dtype=np.float32, copy=True)
-
-
-def top2_margin(logits):
-    top = np.partition(logits, -2)[-2:]
-    return float(top[1] - top[0])
 
 
 def eog_ids(llm):
