@@ -32,8 +32,11 @@ class GenerateTest(unittest.TestCase):
         self.assertNotIn("tok/s", out.stdout)
 
     def test_chat_answers_the_question(self):
-        out = generate("--chat", "--prompt", "What is the capital of France?", "--max-tokens", "24")
-        self.assertIn("Paris", out.stdout)
+        # The golden case chat_capital: llama.cpp answers it with every greedy margin >= 0.9, so
+        # the answer does not hang on float noise (its first token for "... of France?" is a
+        # near-tie that llama.cpp itself answers with "L'Étoile").
+        out = generate("--chat", "--prompt", "What is the capital of Japan?", "--max-tokens", "24")
+        self.assertIn("Tokyo", out.stdout)
         self.assertNotIn("<|im_end|>", out.stdout)
 
     def test_seed_reproduces_sampling(self):
