@@ -32,11 +32,31 @@ Clock::time_point After(double seconds) {
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-// KV bytes per token of the model (the KV layout's own formula).
-int64_t KvBytesPerToken(const model::ModelConfig& c) {
-  return engine::KvCacheShape{
-      .n_layers = c.n_layers, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim}
-      .BytesPerToken();
+// The engine options that shape each engine's KV cache (the KV layout's own formulas).
+engine::EngineOptions KvLayoutOptions(const ServeFlags& f) {
+  engine::EngineOptions eo;
+  eo.block_tokens = f.knobs.block_tokens;
+  eo.max_sequences = f.knobs.max_num_seqs;
+  eo.max_step_tokens = f.knobs.max_batch_tokens;
+  return eo;
+}
+
+// Tokens of KV that `bytes` hold: the global layers' KV per token, after the sliding layers'
+// window arena (engine::KvCacheShape) is set aside. 0 when the arena alone does not fit.
+int64_t KvTokensIn(int64_t bytes, const model::ModelConfig& c, const ServeFlags& f) {
+  const engine::KvCacheShape one = engine::KvShapeFor(c, KvLayoutOptions(f), f.knobs.block_tokens);
+  const int64_t arena =
+      one.WindowBlockBytes() * one.WindowBlocksFor(f.knobs.max_num_seqs, f.knobs.max_batch_tokens);
+  // A model whose every layer slides pays nothing per position beyond its windows.
+  if (one.GlobalBytesPerToken() == 0) return bytes >= arena ? int64_t{1} << 26 : 0;
+  return std::max<int64_t>(0, (bytes - arena) / one.GlobalBytesPerToken());
+}
+
+// Bytes of an engine's KV cache of kv_tokens positions.
+double KvMiB(int64_t kv_tokens, const model::ModelConfig& c, const ServeFlags& f) {
+  return static_cast<double>(engine::PagedKvCache::RequiredBytes(
+             engine::KvShapeFor(c, KvLayoutOptions(f), kv_tokens))) /
+         (1 << 20);
 }
 
 }  // namespace
@@ -243,7 +263,7 @@ int RunServe(const ServeFlags& f) {
   }
   int64_t kv_tokens = std::max(16384, max_model_len);
   if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
-  if (f.kv_cache_mb > 0) kv_tokens = int64_t{f.kv_cache_mb} * (1 << 20) / KvBytesPerToken(config);
+  if (f.kv_cache_mb > 0) kv_tokens = KvTokensIn(int64_t{f.kv_cache_mb} << 20, config, f);
   if (kv_tokens < f.knobs.block_tokens || kv_tokens > (1 << 26)) {
     std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n",
                  static_cast<long long>(kv_tokens));
@@ -272,13 +292,12 @@ int RunServe(const ServeFlags& f) {
   opts.request_timeout_s = f.request_timeout_s;
   opts.http_threads =
       f.http_threads > 0 ? f.http_threads : f.knobs.max_num_seqs + f.knobs.max_waiting + 16;
-  const double kv_mib = kv_tokens * static_cast<double>(KvBytesPerToken(config)) / (1 << 20);
+  const double kv_mib = KvMiB(kv_tokens, config, f);
 
   if (f.mode == "colocated") {
-    engine::EngineOptions eo;
+    engine::EngineOptions eo = KvLayoutOptions(f);
     eo.model_path = model_path;
     eo.threads = threads;
-    eo.block_tokens = f.knobs.block_tokens;
     eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
     auto loaded = engine::Engine::Load(eo);
     if (!loaded.ok()) {

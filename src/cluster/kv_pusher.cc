@@ -43,6 +43,16 @@ Status KvPusher::CheckTarget(const engine::PagedKvCache& kv, const KvTarget& tar
     return InvalidArgument("the reservation holds " + std::to_string(target.blocks.size()) +
                            " blocks; the prompt needs " + std::to_string(kv.BlocksFor(n_prompt)));
   }
+  const bool sliding = shape.NumSlidingLayers() > 0;
+  if (target.window_tokens != shape.window_tokens ||
+      (sliding && target.window_blocks.size() != target.blocks.size()) ||
+      (!sliding && !target.window_blocks.empty())) {
+    return FailedPrecondition(
+        "the decode worker's sliding window (" + std::to_string(target.window_tokens) +
+        " tokens, " + std::to_string(target.window_blocks.size()) + " window blocks for " +
+        std::to_string(target.blocks.size()) + " blocks) does not match this worker's (" +
+        std::to_string(shape.window_tokens) + " tokens)");
+  }
   return OkStatus();
 }
 
@@ -61,16 +71,26 @@ void KvPusher::OnLayerWritten(int layer, std::span<const int32_t> blocks, int fi
   std::vector<TransferRequest> requests;
   requests.reserve(end_block - first_block);
   const size_t slice = kv_->LayerSliceBytes();
+  const bool sliding = kv_->shape().IsSliding(layer);
   for (int b = first_block; b < end_block; ++b) {
     if (b >= static_cast<int>(target_.blocks.size())) {
       status_ = OutOfRange("the prompt outgrew its KV reservation");
+      return;
+    }
+    // A sliding layer's block goes only where the decode side keeps its window.
+    const int32_t remote_window = sliding ? target_.window_blocks[b] : -1;
+    if (sliding && remote_window < 0) continue;
+    if (sliding && !kv_->HasWindow(blocks[b])) {
+      status_ = Internal("the sliding-window KV of block " + std::to_string(b) +
+                         " was released before it was sent");
       return;
     }
     TransferRequest r;
     r.op = transfer::OpCode::kWrite;
     r.local = kv_->data() + kv_->LayerSliceOffset(blocks[b], layer);
     r.segment = remote_;
-    r.remote_offset = kv_->LayerSliceOffset(target_.blocks[b], layer);
+    r.remote_offset =
+        kv_->SliceOffsetIn(target_.window_arena_offset, target_.blocks[b], remote_window, layer);
     r.length = slice;
     requests.push_back(r);
   }

@@ -2,11 +2,12 @@
 // layer of its KV blocks into the decode worker's reserved blocks through the transfer engine
 // as soon as the layer is computed, so that the transfer overlaps the layers still computing.
 //
-// The layer slices of one block are the transfer unit (KvCacheShape: block b, layer l at
-// ((b * n_layers) + l) * slice bytes on both sides). A block partly filled by one prefill chunk
-// is sent again, whole, by the next chunk. The last layer of the last chunk is held back until
-// the first token is sampled: it is sent with the notification that tells the decode worker
-// the KV is complete and what the first token is, after every earlier batch has landed.
+// The layer slices of one block are the transfer unit (engine::PagedKvCache's layout, on both
+// sides). Sliding layers' slices go only to the blocks where the decode side keeps a window
+// (KvTarget::window_blocks): the window the first decode step reads. A block partly filled by one
+// prefill chunk is sent again, whole, by the next chunk. The last layer of the last chunk is held
+// back until the first token is sampled: it is sent with the notification that tells the decode
+// worker the KV is complete and what the first token is, after every earlier batch has landed.
 // Blocks below target.skip_blocks are never sent: the decode side holds that prefix already.
 //
 // Thread-safety: OnLayerWritten and Finish run on the engine's loop thread.

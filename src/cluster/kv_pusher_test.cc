@@ -17,15 +17,20 @@
 namespace tandem::cluster {
 namespace {
 
-std::string ModelPath() {
+constexpr const char* kSmolLm2 = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char* kGemma = "gemma-3-270m-q4_k_m.gguf";  // sliding-window layers
+
+std::string ModelPath(const std::string& file) {
   const char* dir = std::getenv("TANDEM_SOURCE_DIR");
-  return std::string(dir ? dir : ".") + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::string(dir ? dir : ".") + "/models/" + file;
 }
 
 // An engine whose KV pool is a segment of `te` (as a worker has it).
-std::unique_ptr<engine::Engine> LoadOn(transfer::TransferEngine* te, const std::string& segment) {
+std::unique_ptr<engine::Engine> LoadOn(transfer::TransferEngine* te, const std::string& segment,
+                                       const std::string& file = kSmolLm2) {
   engine::EngineOptions o;
-  o.model_path = ModelPath();
+  o.model_path = ModelPath(file);
+  o.max_sequences = 4;  // a window arena sized as a worker sizes it
   o.threads = 1;
   o.kv_capacity_tokens = 2048;
   if (te != nullptr) {
@@ -64,19 +69,23 @@ class Collector : public serving::GenerationSink {
 };
 
 // A prefill and a decode engine on their own transfer engines (as two workers have them), and a
-// plain reference engine for the colocated output.
-class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
+// plain reference engine for the colocated output. Parameters: the protocol and the model.
+class KvPusherTest : public ::testing::TestWithParam<std::tuple<transfer::Protocol, const char*>> {
  protected:
+  static transfer::Protocol protocol() { return std::get<0>(GetParam()); }
+  static bool gemma() { return std::string(std::get<1>(GetParam())) == kGemma; }
+
   void SetUp() override {
     auto meta = transfer::OpenMetadataStore(
-        "embedded:kv-pusher-test-" + std::string(transfer::ProtocolName(GetParam())) + "-" +
+        "embedded:kv-pusher-test-" + std::string(transfer::ProtocolName(protocol())) + "-" +
+        std::get<1>(GetParam()) + "-" +
         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_TRUE(meta.ok());
     auto make_te = [&](const std::string& name) {
       transfer::TransferEngineOptions o;
       o.local_name = name;
       o.metadata = *meta;
-      o.protocols = {GetParam()};
+      o.protocols = {protocol()};
       auto te = transfer::TransferEngine::Create(o);
       EXPECT_TRUE(te.ok()) << te.status().ToString();
       return te.ok() ? std::move(*te) : nullptr;
@@ -89,9 +98,10 @@ class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
       notes.push_back(n.message);
       cv.notify_all();
     });
-    prefill_engine = LoadOn(prefill_te.get(), "prefill/kv");
-    decode_engine = LoadOn(decode_te.get(), "decode/kv");
-    reference_engine = LoadOn(nullptr, "");
+    const char* file = std::get<1>(GetParam());
+    prefill_engine = LoadOn(prefill_te.get(), "prefill/kv", file);
+    decode_engine = LoadOn(decode_te.get(), "decode/kv", file);
+    reference_engine = LoadOn(nullptr, "", file);
     ASSERT_TRUE(prefill_engine && decode_engine && reference_engine);
     prefill = serving::MakeLocalBackend(prefill_engine.get(), {.max_batch_tokens = 40});
     decode = serving::MakeLocalBackend(decode_engine.get(), {});
@@ -99,7 +109,7 @@ class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
     auto opened = prefill_te->OpenSegment("decode/kv");
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
     segment = *opened;
-    EXPECT_EQ(*prefill_te->SegmentProtocol(segment), GetParam());
+    EXPECT_EQ(*prefill_te->SegmentProtocol(segment), protocol());
   }
 
   void TearDown() override {
@@ -119,16 +129,20 @@ class KvPusherTest : public ::testing::TestWithParam<transfer::Protocol> {
 
   // Prefill pushes `req`'s KV into `blocks` (the first skip_blocks not written), the decode
   // side continues; returns the tokens, checked against the reference engine's. *bytes: KV sent.
-  std::vector<int32_t> HandOff(const serving::GenerationRequest& req, std::vector<int32_t> blocks,
-                               int skip_blocks, uint64_t* bytes) {
+  std::vector<int32_t> HandOff(const serving::GenerationRequest& req,
+                               serving::LocalBackend::Reserved reserved, int skip_blocks,
+                               uint64_t* bytes) {
     const int n_prompt = static_cast<int>(req.prompt_tokens.size());
     KvTarget target{"decode/kv",
-                    std::move(blocks),
+                    std::move(reserved.blocks),
                     16,
                     decode_engine->config().n_layers,
                     decode_engine->kv().LayerSliceBytes(),
                     "decode",
-                    skip_blocks};
+                    skip_blocks,
+                    std::move(reserved.window_blocks),
+                    decode_engine->kv().WindowArenaOffset(),
+                    decode_engine->kv().shape().window_tokens};
     EXPECT_TRUE(KvPusher::CheckTarget(prefill_engine->kv(), target, n_prompt).ok());
     auto pusher =
         std::make_shared<KvPusher>(prefill_te.get(), &prefill_engine->kv(), segment, target,
@@ -178,28 +192,40 @@ std::string LongText() {
 }
 
 TEST_P(KvPusherTest, PushedKvContinuesToTheColocatedOutput) {
-  const auto req = Request("req-1", LongText());
+  // For Gemma, a prompt past its 512-token window: the sliding layers send only their last
+  // window, from blocks the prefill side has not yet given back.
+  std::string text = LongText();
+  if (gemma()) {
+    for (int i = 10; i < 90; ++i) text += "Line " + std::to_string(i) + " of a longer prompt. ";
+  }
+  const auto req = Request("req-1", text);
   const int n_prompt = static_cast<int>(req.prompt_tokens.size());
-  ASSERT_GT(n_prompt, 80);  // several 40-token prefill chunks, several blocks
-  auto blocks =
+  ASSERT_GT(n_prompt, gemma() ? 700 : 80);  // several 40-token prefill chunks, several blocks
+  auto reserved =
       decode->ReserveBlocks(req.id, n_prompt + 1, Clock::now() + std::chrono::seconds(60));
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_TRUE(reserved.ok());
   uint64_t bytes = 0;
-  HandOff(req, *blocks, 0, &bytes);
-  // Every layer of every prompt block went over, some blocks twice (chunk boundaries).
+  HandOff(req, *reserved, 0, &bytes);
+  // Every global layer of every prompt block went over, every sliding layer of the blocks in
+  // the window behind position n_prompt; some blocks twice (chunk boundaries).
+  const auto& kv = decode_engine->kv();
+  const int blocks = kv.BlocksFor(n_prompt);
   const uint64_t slices =
-      static_cast<uint64_t>((n_prompt + 15) / 16) * decode_engine->config().n_layers;
-  EXPECT_GE(bytes, slices * decode_engine->kv().LayerSliceBytes());
+      static_cast<uint64_t>(blocks) * kv.shape().NumGlobalLayers() +
+      static_cast<uint64_t>(blocks - kv.WindowStartBlock(n_prompt)) * kv.shape().NumSlidingLayers();
+  const uint64_t resent = static_cast<uint64_t>(n_prompt / 40 + 1) * kv.shape().n_layers;
+  EXPECT_GE(bytes, slices * kv.LayerSliceBytes());
+  EXPECT_LE(bytes, (slices + resent) * kv.LayerSliceBytes());
 }
 
 TEST_P(KvPusherTest, OnlyTheBlocksTheDecodeSideLacksAreSent) {
   // The first request leaves its prompt blocks in the decode side's prefix cache.
   const auto a = Request("req-a", LongText());
   const int n_a = static_cast<int>(a.prompt_tokens.size());
-  auto blocks = decode->ReserveBlocks(a.id, n_a + 1, Clock::now() + std::chrono::seconds(60));
-  ASSERT_TRUE(blocks.ok());
+  auto first = decode->ReserveBlocks(a.id, n_a + 1, Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(first.ok());
   uint64_t full_bytes = 0;
-  HandOff(a, *blocks, 0, &full_bytes);
+  HandOff(a, *first, 0, &full_bytes);
   // The second shares that prefix: the decode side reserves only what it lacks.
   const auto b = Request("req-b", LongText() + "And a different ending for the second request.");
   const int n_b = static_cast<int>(b.prompt_tokens.size());
@@ -215,7 +241,7 @@ TEST_P(KvPusherTest, OnlyTheBlocksTheDecodeSideLacksAreSent) {
   prefill = serving::MakeLocalBackend(prefill_engine.get(),
                                       {.max_batch_tokens = 40, .enable_prefix_cache = false});
   uint64_t bytes = 0;
-  HandOff(b, reserved->blocks, reserved->cached_blocks, &bytes);
+  HandOff(b, *reserved, reserved->cached_blocks, &bytes);
   // Nothing below the skipped blocks went over: at most the rest of b's blocks (some twice,
   // at most once per 40-token chunk boundary).
   const uint64_t slice = decode_engine->kv().LayerSliceBytes() * decode_engine->config().n_layers;
@@ -224,10 +250,14 @@ TEST_P(KvPusherTest, OnlyTheBlocksTheDecodeSideLacksAreSent) {
   EXPECT_LT(bytes, full_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Protocols, KvPusherTest,
-                         ::testing::Values(transfer::Protocol::kShm, transfer::Protocol::kTcp),
+INSTANTIATE_TEST_SUITE_P(ProtocolsAndModels, KvPusherTest,
+                         ::testing::Combine(::testing::Values(transfer::Protocol::kShm,
+                                                              transfer::Protocol::kTcp),
+                                            ::testing::Values(kSmolLm2, kGemma)),
                          [](const auto& info) {
-                           return std::string(transfer::ProtocolName(info.param));
+                           return std::string(transfer::ProtocolName(std::get<0>(info.param))) +
+                                  (std::string(std::get<1>(info.param)) == kGemma ? "_Gemma3"
+                                                                                  : "_SmolLM2");
                          });
 
 TEST(KvPusherCheckTest, MismatchedGeometryAndShortReservationsAreRefused) {

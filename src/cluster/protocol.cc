@@ -44,7 +44,10 @@ json TargetJson(const KvTarget& t) {
           {"n_layers", t.n_layers},
           {"layer_slice_bytes", t.layer_slice_bytes},
           {"decode_worker", t.decode_worker},
-          {"skip_blocks", t.skip_blocks}};
+          {"skip_blocks", t.skip_blocks},
+          {"window_blocks", t.window_blocks},
+          {"window_arena_offset", t.window_arena_offset},
+          {"window_tokens", t.window_tokens}};
 }
 
 KvTarget TargetFrom(const json& j) {
@@ -56,6 +59,9 @@ KvTarget TargetFrom(const json& j) {
   t.layer_slice_bytes = j.at("layer_slice_bytes").get<uint64_t>();
   t.decode_worker = j.value("decode_worker", "");
   t.skip_blocks = j.value("skip_blocks", 0);
+  t.window_blocks = j.value("window_blocks", std::vector<int32_t>{});
+  t.window_arena_offset = j.value("window_arena_offset", uint64_t{0});
+  t.window_tokens = j.value("window_tokens", 0);
   return t;
 }
 

@@ -79,6 +79,12 @@ struct KvTarget {
   std::string decode_worker;  // for logs and notifications
   int skip_blocks = 0;        // the first skip_blocks hold the prompt's prefix already
                               // (the decode side's prefix cache): not to be written
+  // Sliding-window models (engine::PagedKvCache): per block, the window block holding its
+  // sliding layers' slices, or -1 where the decode side needs none; where the window arena
+  // starts in the segment; the window. Empty / 0 without sliding layers.
+  std::vector<int32_t> window_blocks = {};
+  uint64_t window_arena_offset = 0;
+  int window_tokens = 0;
 };
 
 struct DecodeCall {

@@ -31,11 +31,14 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   p.sampling.temperature = 0.5f;
   p.sampling.seed = 7;
   p.timeout_ms = 1234;
-  p.target = {"decode-0.17/kv", {5, 9}, 16, 30, 12288, "decode-0"};
+  p.target = {"decode-0.17/kv", {5, 9}, 16, 30, 12288, "decode-0", 0, {-1, 3}, 98304, 512};
   auto p2 = PrefillCall::FromJson(p.ToJson());
   ASSERT_TRUE(p2.ok()) << p2.status().ToString();
   EXPECT_EQ(p2->prompt_tokens, p.prompt_tokens);
   EXPECT_EQ(p2->target.blocks, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(p2->target.window_blocks, (std::vector<int32_t>{-1, 3}));
+  EXPECT_EQ(p2->target.window_arena_offset, 98304u);
+  EXPECT_EQ(p2->target.window_tokens, 512);
   EXPECT_EQ(p2->sampling.seed, 7u);
   EXPECT_FLOAT_EQ(p2->sampling.temperature, 0.5f);
 

@@ -175,6 +175,9 @@ class WorkerImpl final : public Worker {
                                     .count();
     segment_name_ = o.name + "." + std::to_string(incarnation) + "/kv";
     engine::EngineOptions eo = o.engine;
+    // The window arena (sliding-window models) holds what the scheduler can run at once.
+    eo.max_sequences = o.scheduler.max_num_seqs;
+    eo.max_step_tokens = o.scheduler.max_batch_tokens;
     eo.kv_memory = [this](size_t bytes) -> StatusOr<uint8_t*> {
       TANDEM_ASSIGN_OR_RETURN(void* p, te_->AllocateSegment(segment_name_, bytes));
       return static_cast<uint8_t*>(p);
@@ -387,17 +390,16 @@ class WorkerImpl final : public Worker {
       // Only the blocks its prefix cache lacks are written by the prefill side.
       auto got = call->reuse_prefix
                      ? backend_->ReservePrompt(g.id, g.prompt_tokens, n_prompt + 1, kv_deadline)
-                     : [&]() -> StatusOr<serving::LocalBackend::Reserved> {
-        TANDEM_ASSIGN_OR_RETURN(auto blocks,
-                                backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline));
-        return serving::LocalBackend::Reserved{std::move(blocks), 0};
-      }();
+                     : backend_->ReserveBlocks(g.id, n_prompt + 1, kv_deadline);
       if (!got.ok()) return ReplyError(res, got.status());
       DecodeEvent reserved;
       reserved.kind = DecodeEvent::Kind::kReserved;
       reserved.reserved.segment = segment_name_;
       reserved.reserved.blocks = std::move(got->blocks);
       reserved.reserved.skip_blocks = got->cached_blocks;
+      reserved.reserved.window_blocks = std::move(got->window_blocks);
+      reserved.reserved.window_arena_offset = engine_->kv().WindowArenaOffset();
+      reserved.reserved.window_tokens = engine_->kv().shape().window_tokens;
       reserved.reserved.block_tokens = info_.block_tokens;
       reserved.reserved.n_layers = info_.n_layers;
       reserved.reserved.layer_slice_bytes = info_.layer_slice_bytes;

@@ -36,12 +36,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   }
   const int capacity =
       options.kv_capacity_tokens > 0 ? options.kv_capacity_tokens : c.context_length;
-  KvCacheShape shape;
-  shape.n_layers = c.n_layers;
-  shape.n_kv_heads = c.n_kv_heads;
-  shape.head_dim = c.head_dim;
-  shape.block_tokens = options.block_tokens;
-  shape.num_blocks = (capacity + options.block_tokens - 1) / options.block_tokens;
+  const KvCacheShape shape = KvShapeFor(c, options, capacity);
   if (options.kv_memory) {
     const size_t bytes = PagedKvCache::RequiredBytes(shape);
     TANDEM_ASSIGN_OR_RETURN(uint8_t * memory, options.kv_memory(bytes));
@@ -52,6 +47,36 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   e->pool_ = std::make_unique<ThreadPool>(options.threads);
   e->transformer_ = std::make_unique<Transformer>(e->config_, e->weights_, e->pool_.get());
   return e;
+}
+
+KvCacheShape KvShapeFor(const model::ModelConfig& c, const EngineOptions& options,
+                        int64_t capacity_tokens) {
+  KvCacheShape shape;
+  shape.n_layers = c.n_layers;
+  shape.n_kv_heads = c.n_kv_heads;
+  shape.head_dim = c.head_dim;
+  shape.block_tokens = options.block_tokens;
+  shape.num_blocks =
+      static_cast<int>((capacity_tokens + options.block_tokens - 1) / options.block_tokens);
+  if (c.sliding_window > 0 && c.NumGlobalLayers() < c.n_layers) {
+    shape.sliding = c.sliding_layers;
+    shape.window_tokens = c.sliding_window;
+    const int step = options.max_step_tokens > 0 ? options.max_step_tokens : options.prefill_chunk;
+    // Never more than one window block per block: beyond that the arena could not be used.
+    shape.num_window_blocks =
+        options.max_sequences > 0
+            ? std::min(shape.num_blocks, shape.WindowBlocksFor(options.max_sequences, step))
+            : shape.num_blocks;
+  }
+  return shape;
+}
+
+Status Engine::Step(const BatchItem& item, std::vector<float>* logits) {
+  const int64_t end = item.start_pos + static_cast<int64_t>(item.tokens.size());
+  TANDEM_RETURN_IF_ERROR(kv_->AttachWindow(item.block_table, item.start_pos, end));
+  TANDEM_RETURN_IF_ERROR(transformer_->Forward({&item, 1}, *kv_, logits));
+  kv_->TrimWindow(item.block_table, end);
+  return OkStatus();
 }
 
 StatusOr<GenerateResult> Engine::Generate(std::span<const int32_t> prompt,
@@ -81,7 +106,7 @@ StatusOr<GenerateResult> Engine::Generate(std::span<const int32_t> prompt,
     const size_t n = std::min<size_t>(options_.prefill_chunk, prompt.size() - start);
     BatchItem item{blocks, static_cast<int>(start), prompt.subspan(start, n),
                    start + n == prompt.size()};
-    TANDEM_RETURN_IF_ERROR(transformer_->Forward({&item, 1}, *kv_, &logits));
+    TANDEM_RETURN_IF_ERROR(Step(item, &logits));
   }
   result.prefill_seconds = Seconds(t0);
   result.first_logits = logits;
@@ -98,7 +123,7 @@ StatusOr<GenerateResult> Engine::Generate(std::span<const int32_t> prompt,
     }
     if (i + 1 == options.max_tokens) break;
     BatchItem item{blocks, pos, {&result.tokens.back(), 1}, true};
-    TANDEM_RETURN_IF_ERROR(transformer_->Forward({&item, 1}, *kv_, &logits));
+    TANDEM_RETURN_IF_ERROR(Step(item, &logits));
     ++pos;
   }
   result.decode_seconds = Seconds(t1);

@@ -35,6 +35,11 @@ struct EngineOptions {
   int block_tokens = 16;
   int kv_capacity_tokens = 0;  // 0: the model's context length
   int prefill_chunk = 512;     // tokens per forward step while prefilling
+  // Sliding-window models (Gemma 3): the most sequences, and the most tokens per forward step,
+  // that the caller runs at once. They size the window arena that holds the sliding layers'
+  // KV (KvCacheShape::WindowBlocksFor); 0 sequences: room for every block (no saving).
+  int max_sequences = 0;
+  int max_step_tokens = 0;  // 0: prefill_chunk
   // Where the KV cache lives: null for the heap; otherwise called once with the bytes needed
   // and returns 64-byte aligned memory that outlives the engine (e.g. a transfer-engine
   // segment, so that peers can read and write KV blocks in place).
@@ -54,6 +59,11 @@ struct GenerateResult {
   double decode_seconds = 0;
   std::vector<float> first_logits;  // (vocab) logits after the prompt
 };
+
+// The KV cache shape for `config` with room for capacity_tokens positions, laid out per `options`
+// (block size; window arena from max_sequences and max_step_tokens).
+KvCacheShape KvShapeFor(const model::ModelConfig& config, const EngineOptions& options,
+                        int64_t capacity_tokens);
 
 class Engine {
  public:
@@ -80,6 +90,9 @@ class Engine {
 
  private:
   Engine() = default;
+  // One forward step of one sequence, with its sliding-window KV storage attached before and
+  // trimmed after.
+  Status Step(const BatchItem& item, std::vector<float>* logits);
 
   EngineOptions options_;
   std::unique_ptr<model::GgufFile> gguf_;

@@ -197,6 +197,7 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
     for (int32_t b : item.block_table) {
       if (b < 0 || b >= kv.num_blocks()) return InvalidArgument("block id out of range");
     }
+    TANDEM_RETURN_IF_ERROR(kv.CheckWindow(item.block_table, item.start_pos, end));
     for (size_t j = 0; j < item.tokens.size(); ++j) {
       token_pos_.push_back(item.start_pos + static_cast<int>(j));
       token_item_.push_back(static_cast<int>(i));

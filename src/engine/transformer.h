@@ -24,10 +24,12 @@
 namespace tandem::engine {
 
 struct BatchItem {
-  std::span<const int32_t> block_table;  // the sequence's KV blocks; must cover start_pos + n
-  int start_pos = 0;                     // position of tokens[0] (= tokens already in the cache)
-  std::span<const int32_t> tokens;       // n >= 1 new tokens
-  bool want_logits = true;               // produce logits for the last token
+  // The sequence's KV blocks; must cover start_pos + n. With sliding layers, the blocks from
+  // the window of start_pos on must hold window storage (PagedKvCache::AttachWindow).
+  std::span<const int32_t> block_table;
+  int start_pos = 0;                // position of tokens[0] (= tokens already in the cache)
+  std::span<const int32_t> tokens;  // n >= 1 new tokens
+  bool want_logits = true;          // produce logits for the last token
 };
 
 class Transformer {

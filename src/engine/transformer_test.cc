@@ -9,6 +9,7 @@
 
 #include "common/fp16.h"
 #include "engine/attention.h"
+#include "engine/engine.h"
 #include "engine/test_model.h"
 #include "kernels/activations.h"
 #include "kernels/cpu_isa.h"
@@ -17,21 +18,39 @@
 namespace tandem::engine {
 namespace {
 
-// A loaded tiny model with its own KV cache.
+// A loaded tiny model with its own KV cache, laid out as the engine lays it out (sliding
+// layers in a window arena of `window_blocks` blocks; 0: one per block).
 struct Fixture {
   explicit Fixture(const testing::TinyLlamaSpec& spec, int threads = 2, int block_tokens = 8,
-                   int num_blocks = 64)
+                   int num_blocks = 64, int window_blocks = 0)
       : pool(threads) {
     path = testing::WriteTinyLlama(spec);
     file = std::move(model::GgufFile::Open(path).value());
     config = model::ReadModelConfig(*file).value();
     weights = BindWeights(*file, config).value();
     tf = std::make_unique<Transformer>(config, weights, &pool);
-    KvCacheShape shape{config.n_layers, config.n_kv_heads, config.head_dim, block_tokens,
-                       num_blocks};
+    EngineOptions layout;
+    layout.block_tokens = block_tokens;
+    KvCacheShape shape = KvShapeFor(config, layout, int64_t{num_blocks} * block_tokens);
+    if (window_blocks > 0) shape.num_window_blocks = window_blocks;
     kv = std::move(PagedKvCache::Create(shape).value());
   }
   ~Fixture() { std::remove(path.c_str()); }
+
+  // One forward step: window storage attached to the items' new positions first, and (with
+  // `trim`) taken back after from the blocks every item has moved past.
+  Status Step(std::span<const BatchItem> items, std::vector<float>* logits) {
+    for (const BatchItem& item : items) {
+      TANDEM_RETURN_IF_ERROR(
+          kv->AttachWindow(item.block_table, item.start_pos, item.start_pos + item.tokens.size()));
+    }
+    TANDEM_RETURN_IF_ERROR(tf->Forward(items, *kv, logits));
+    if (trim) {
+      for (const BatchItem& item : items)
+        kv->TrimWindow(item.block_table, item.start_pos + item.tokens.size());
+    }
+    return OkStatus();
+  }
 
   // Prefill `prompt` (in chunks of `chunk`) then feed `extra` one at a time; returns the logits
   // after the prompt and after each extra token, concatenated.
@@ -41,17 +60,20 @@ struct Fixture {
     for (size_t s = 0; s < prompt.size(); s += chunk) {
       const size_t n = std::min<size_t>(chunk, prompt.size() - s);
       BatchItem item{blocks, static_cast<int>(s), {prompt.data() + s, n}, s + n == prompt.size()};
-      EXPECT_TRUE(tf->Forward({&item, 1}, *kv, &logits).ok());
+      const Status st = Step({&item, 1}, &logits);
+      EXPECT_TRUE(st.ok()) << st.ToString();
     }
     all = logits;
     for (size_t i = 0; i < extra.size(); ++i) {
       BatchItem item{blocks, static_cast<int>(prompt.size() + i), {&extra[i], 1}, true};
-      EXPECT_TRUE(tf->Forward({&item, 1}, *kv, &logits).ok());
+      const Status st = Step({&item, 1}, &logits);
+      EXPECT_TRUE(st.ok()) << st.ToString();
       all.insert(all.end(), logits.begin(), logits.end());
     }
     return all;
   }
 
+  bool trim = false;
   std::string path;
   ThreadPool pool;
   std::unique_ptr<model::GgufFile> file;
@@ -320,14 +342,14 @@ TEST(TransformerTest, MixedBatchEqualsOneSequenceAtATime) {
     BatchItem pre_a{blocks_a, 0, {a.data(), a.size() - 1}, false};
     BatchItem pre_b{blocks_b, 0, {b.data(), 6}, false};
     BatchItem first[] = {pre_a, pre_b};
-    ASSERT_TRUE(f.tf->Forward(first, *f.kv, &logits).ok());
+    ASSERT_TRUE(f.Step(first, &logits).ok());
     EXPECT_TRUE(logits.empty());
     BatchItem mixed[] = {
         {blocks_b, 6, {b.data() + 6, 4}, true},
         {blocks_a, static_cast<int>(a.size() - 1), {&a.back(), 1}, true},
         {blocks_c, 0, {c.data(), c.size()}, true},
     };
-    ASSERT_TRUE(f.tf->Forward(mixed, *f.kv, &logits).ok());
+    ASSERT_TRUE(f.Step(mixed, &logits).ok());
     ASSERT_EQ(logits.size(), 3u * V);
     auto row = [&](int r) {
       return std::vector<float>(logits.begin() + r * V, logits.begin() + (r + 1) * V);
@@ -385,6 +407,35 @@ TEST(TransformerTest, AttentionIsaPathsAgree) {
     for (float z : scalar) largest = std::max(largest, std::fabs(z));
     EXPECT_LT(MaxAbsDiff(scalar, vec), 2e-6f * largest);
   }
+}
+
+// Sliding layers keep KV only for the window: a long sequence whose window storage is taken
+// back as it moves gives bit-identical logits to one that keeps everything, in an arena that
+// holds a single sequence's window, and a step over a window whose storage is gone is refused.
+TEST(TransformerTest, TrimmedWindowsGiveTheSameLogits) {
+  const testing::TinyLlamaSpec spec = TinyGemma();  // window 8; layers 0 and 1 slide
+  const auto tokens = RandomTokens(60, spec.vocab, 41);
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 45);
+  const std::vector<int32_t> extra(tokens.begin() + 45, tokens.end());
+  const int bt = 4, chunk = 6;
+  Fixture keep(spec, 2, bt, /*num_blocks=*/16);
+  const auto expected = keep.RunAlone(prompt, extra, Range(0, 15), chunk);
+  EXPECT_EQ(keep.kv->num_free_window(), 16 - 15);  // nothing taken back
+
+  const int arena = keep.kv->shape().WindowBlocksFor(1, chunk);
+  Fixture trimmed(spec, 2, bt, /*num_blocks=*/16, arena);
+  trimmed.trim = true;
+  const std::vector<int32_t> blocks = trimmed.kv->Allocate(15).value();  // held once: trimmable
+  EXPECT_EQ(MaxAbsDiff(trimmed.RunAlone(prompt, extra, blocks, chunk), expected), 0.0f);
+  // After position 59 the window (52..59) spans blocks 13 and 14 only.
+  EXPECT_EQ(trimmed.kv->num_window_blocks() - trimmed.kv->num_free_window(), 2);
+  EXPECT_EQ(trimmed.kv->ResumablePrefix(blocks, 15), 15);
+  EXPECT_EQ(trimmed.kv->ResumablePrefix(blocks, 12), 0);  // window 41..48 is gone
+  // Resuming at position 20 reads blocks 3 and 4, whose sliding KV was taken back.
+  std::vector<float> logits;
+  BatchItem resume{blocks, 20, {tokens.data() + 20, 1}, true};
+  EXPECT_EQ(trimmed.tf->Forward({&resume, 1}, *trimmed.kv, &logits).code(),
+            StatusCode::kFailedPrecondition);
 }
 
 TEST(TransformerTest, RefusesBadBatches) {

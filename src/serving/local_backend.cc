@@ -90,10 +90,9 @@ class LocalBackendImpl final : public LocalBackend {
     return OkStatus();
   }
 
-  StatusOr<std::vector<int32_t>> ReserveBlocks(const std::string& id, int n_tokens,
-                                               Clock::time_point expires) override {
-    TANDEM_ASSIGN_OR_RETURN(Reserved r, Reserve(id, {}, n_tokens, expires));
-    return std::move(r.blocks);
+  StatusOr<Reserved> ReserveBlocks(const std::string& id, int n_tokens,
+                                   Clock::time_point expires) override {
+    return Reserve(id, {}, n_tokens, expires);
   }
 
   StatusOr<Reserved> ReservePrompt(const std::string& id, std::span<const int32_t> prompt,
@@ -187,6 +186,19 @@ class LocalBackendImpl final : public LocalBackend {
                                    std::to_string(kv_.num_free()) + " free)");
         }
         r.blocks.insert(r.blocks.end(), got->begin(), got->end());
+      }
+      // Sliding layers: the writer fills only the window that the first decode step (at
+      // position n_tokens - 1) reads; the cached prefix holds its part of it already.
+      const int64_t window_from =
+          std::max<int64_t>(int64_t{r.cached_blocks} * block_tokens_,
+                            int64_t{kv_.WindowStartBlock(n_tokens - 1)} * block_tokens_);
+      if (Status st = AttachWindow(r.blocks, window_from, n_tokens); !st.ok()) {
+        kv_.Release(r.blocks);
+        return ResourceExhausted("the KV window arena has no room for the reservation now (" +
+                                 st.message() + ")");
+      }
+      if (kv_.num_window_blocks() > 0) {
+        for (int32_t b : r.blocks) r.window_blocks.push_back(kv_.window_block(b));
       }
       if (r.cached_blocks > 0)
         cache_hit_tokens_.fetch_add(int64_t{r.cached_blocks} * block_tokens_);
@@ -380,6 +392,36 @@ class LocalBackendImpl final : public LocalBackend {
     return true;
   }
 
+  // Ensures `s` can compute its next n positions: blocks for them, and (sliding layers) window
+  // storage for the blocks they are written to.
+  bool ReserveStep(Sequence& s, int n) {
+    return Reserve(s, s.n_computed + n) &&
+           AttachWindow(s.blocks, s.n_computed, s.n_computed + n).ok();
+  }
+
+  // kv_.AttachWindow, first taking window storage back from the prefix cache if too little is
+  // free.
+  Status AttachWindow(std::span<const int32_t> table, int64_t first_pos, int64_t end_pos) {
+    Status st = kv_.AttachWindow(table, first_pos, end_pos);
+    if (st.code() == StatusCode::kResourceExhausted) {
+      int need = 0;
+      for (int i = static_cast<int>(first_pos / block_tokens_);
+           i < std::min<int>(kv_.BlocksFor(end_pos), static_cast<int>(table.size())); ++i) {
+        need += kv_.HasWindow(table[i]) ? 0 : 1;
+      }
+      prefix_cache_.EvictWindows(need - kv_.num_free_window());
+      st = kv_.AttachWindow(table, first_pos, end_pos);
+    }
+    return st;
+  }
+
+  // Gives back the window storage of the blocks `s` has moved past (the prefix cache's own
+  // references read no window).
+  void TrimWindow(Sequence& s) {
+    kv_.TrimWindow(s.blocks, s.n_computed,
+                   [this](int32_t b) { return prefix_cache_.Holds(b) ? 1 : 0; });
+  }
+
   void Admit() {
     while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
       Sequence& s = *waiting_.front();
@@ -463,8 +505,8 @@ class LocalBackendImpl final : public LocalBackend {
         const int n = std::min(s->pending(), budget);
         // Short of blocks: preempt the newest other sequences (the victim is always after
         // `s` in running_ unless `s` is last, so the indices before i stay valid).
-        bool reserved = Reserve(*s, s->n_computed + n);
-        while (!reserved && PreemptOne(s)) reserved = Reserve(*s, s->n_computed + n);
+        bool reserved = ReserveStep(*s, n);
+        while (!reserved && PreemptOne(s)) reserved = ReserveStep(*s, n);
         if (!reserved) {
           SetFinish(*s, FinishReason::kError, "the KV cache cannot hold this sequence");
           continue;
@@ -521,6 +563,7 @@ class LocalBackendImpl final : public LocalBackend {
         s.prompt_offered = true;
         OfferBlocks(s);
       }
+      TrimWindow(s);
       if (!items[i].want_logits) continue;
       const int32_t tok =
           s.sampler->Sample(std::span(logits_).subspan(static_cast<size_t>(row++) * vocab, vocab));

@@ -43,11 +43,13 @@ class LocalBackend : public GenerationBackend {
                                 std::shared_ptr<KvObserver> observer) = 0;
 
   // Decode side, step 1: reserves KV blocks for `n_tokens` positions under `id` (evicting
-  // cached prefix blocks if needed) and returns them in position order. ResourceExhausted if
-  // the cache cannot hold them now; the reservation is freed at `expires` unless claimed by
-  // SubmitPrefilled, and counted in Stats().reservations_expired.
-  virtual StatusOr<std::vector<int32_t>> ReserveBlocks(const std::string& id, int n_tokens,
-                                                       Clock::time_point expires) = 0;
+  // cached prefix blocks if needed) and returns them in position order, with window storage
+  // for the sliding layers' last window. ResourceExhausted if the cache cannot hold them now;
+  // the reservation is freed at `expires` unless claimed by SubmitPrefilled, and counted in
+  // Stats().reservations_expired.
+  struct Reserved;
+  virtual StatusOr<Reserved> ReserveBlocks(const std::string& id, int n_tokens,
+                                           Clock::time_point expires) = 0;
   // Decode side, step 1 with prefix reuse: like ReserveBlocks for n_tokens positions of a
   // sequence starting with `prompt`, but the leading full blocks of the prompt that the prefix
   // cache holds are taken from it (at most (prompt.size() - 1) / block_tokens of them, so that
@@ -56,6 +58,9 @@ class LocalBackend : public GenerationBackend {
   struct Reserved {
     std::vector<int32_t> blocks;  // position order
     int cached_blocks = 0;        // blocks[0, cached_blocks) hold the prefix already
+    // Per block: its window block (sliding layers' KV, PagedKvCache), or -1 where the first
+    // decode step reads no sliding KV (nothing to write there). Empty without sliding layers.
+    std::vector<int32_t> window_blocks;
   };
   virtual StatusOr<Reserved> ReservePrompt(const std::string& id, std::span<const int32_t> prompt,
                                            int n_tokens, Clock::time_point expires) = 0;

@@ -14,12 +14,18 @@
 namespace tandem::serving {
 namespace {
 
-std::unique_ptr<engine::Engine> LoadEngine() {
+constexpr const char* kSmolLm2 = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char* kGemma = "gemma-3-270m-q4_k_m.gguf";  // sliding-window layers
+
+std::unique_ptr<engine::Engine> LoadEngine(const std::string& file = kSmolLm2) {
   const char* dir = std::getenv("TANDEM_SOURCE_DIR");
   engine::EngineOptions o;
-  o.model_path = std::string(dir ? dir : ".") + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  o.model_path = std::string(dir ? dir : ".") + "/models/" + file;
   o.threads = 1;
   o.kv_capacity_tokens = 4096;
+  // The window arena as a server with these scheduler settings sizes it (MakePair).
+  o.max_sequences = 8;
+  o.max_step_tokens = 48;
   auto e = engine::Engine::Load(o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(*e) : nullptr;
@@ -46,12 +52,13 @@ class Collector : public GenerationSink {
 };
 
 // Copies every written layer slice from the prefill cache into the decode cache's reserved
-// blocks: what the transfer engine does across processes. Records which positions it saw.
+// blocks: what the transfer engine does across processes (sliding layers only where the decode
+// side keeps a window). Records which positions it saw and how many sliding slices it copied.
 class CopyingObserver : public KvObserver {
  public:
   CopyingObserver(engine::PagedKvCache* from, engine::PagedKvCache* to,
-                  std::vector<int32_t> to_blocks)
-      : from_(from), to_(to), to_blocks_(std::move(to_blocks)) {
+                  LocalBackend::Reserved target)
+      : from_(from), to_(to), target_(std::move(target)) {
     sent_upto_.assign(from->shape().n_layers, 0);
   }
   void OnLayerWritten(int layer, std::span<const int32_t> blocks, int first_pos,
@@ -60,20 +67,25 @@ class CopyingObserver : public KvObserver {
     // Blocks not sent yet for this layer, including a cached prefix (positions < first_pos).
     const int first_block = sent_upto_[layer] / bt;
     const int end_block = (end_pos + bt - 1) / bt;
+    const bool sliding = from_->shape().IsSliding(layer);
     for (int b = first_block; b < end_block; ++b) {
-      std::memcpy(to_->data() + to_->LayerSliceOffset(to_blocks_[b], layer),
+      if (sliding && target_.window_blocks.at(b) < 0) continue;
+      std::memcpy(to_->data() + to_->LayerSliceOffset(target_.blocks[b], layer),
                   from_->data() + from_->LayerSliceOffset(blocks[b], layer),
                   from_->LayerSliceBytes());
+      sliding_copied_ += sliding;
     }
     sent_upto_[layer] = end_pos;
     if (layer == 0) min_first_pos_ = std::min(min_first_pos_, first_pos);
   }
   int min_first_pos() const { return min_first_pos_; }
+  int sliding_copied() const { return sliding_copied_; }
 
  private:
   engine::PagedKvCache* from_;
   engine::PagedKvCache* to_;
-  std::vector<int32_t> to_blocks_;
+  LocalBackend::Reserved target_;
+  int sliding_copied_ = 0;
   std::vector<int> sent_upto_;  // per layer: positions already copied
   int min_first_pos_ = 1 << 30;
 };
@@ -83,10 +95,10 @@ struct Pair {
   std::unique_ptr<LocalBackend> prefill, decode;
 };
 
-Pair MakePair() {
+Pair MakePair(const std::string& file = kSmolLm2) {
   Pair p;
-  p.prefill_engine = LoadEngine();
-  p.decode_engine = LoadEngine();
+  p.prefill_engine = LoadEngine(file);
+  p.decode_engine = LoadEngine(file);
   if (!p.prefill_engine || !p.decode_engine) return p;
   p.prefill = MakeLocalBackend(p.prefill_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
   p.decode = MakeLocalBackend(p.decode_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
@@ -94,7 +106,8 @@ Pair MakePair() {
 }
 
 // Runs one request the disaggregated way; returns every generated token.
-std::vector<int32_t> Handoff(Pair& p, GenerationRequest req, int* cached_prefix = nullptr) {
+std::vector<int32_t> Handoff(Pair& p, GenerationRequest req, int* cached_prefix = nullptr,
+                             int* sliding_copied = nullptr) {
   const int n_prompt = static_cast<int>(req.prompt_tokens.size());
   auto reserved =
       p.decode->ReserveBlocks(req.id, n_prompt + 1, Clock::now() + std::chrono::seconds(60));
@@ -110,6 +123,7 @@ std::vector<int32_t> Handoff(Pair& p, GenerationRequest req, int* cached_prefix 
   EXPECT_EQ(pinfo.completion_tokens, 1);
   if (cached_prefix) *cached_prefix = pinfo.cached_prompt_tokens;
   EXPECT_EQ(observer->min_first_pos(), pinfo.cached_prompt_tokens);
+  if (sliding_copied) *sliding_copied = observer->sliding_copied();
   const int32_t first_token = prefill_sink->tokens().at(0);
   auto decode_sink = std::make_shared<Collector>();
   const Status st = p.decode->SubmitPrefilled(req, first_token, decode_sink);
@@ -141,10 +155,13 @@ GenerationRequest Request(const engine::Engine& e, const std::string& id, const 
   return r;
 }
 
-TEST(HandoffTest, DisaggregatedEqualsColocatedGreedyAndSeeded) {
-  Pair p = MakePair();
+// Both models: SmolLM2 (every layer global) and Gemma 3 (sliding-window layers).
+class HandoffTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HandoffTest, DisaggregatedEqualsColocatedGreedyAndSeeded) {
+  Pair p = MakePair(GetParam());
   ASSERT_TRUE(p.prefill && p.decode);
-  auto colocated_engine = LoadEngine();
+  auto colocated_engine = LoadEngine(GetParam());
   ASSERT_NE(colocated_engine, nullptr);
   auto colocated =
       MakeLocalBackend(colocated_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
@@ -167,8 +184,8 @@ TEST(HandoffTest, DisaggregatedEqualsColocatedGreedyAndSeeded) {
   EXPECT_EQ(p.decode->Stats().reserved_blocks, 0);
 }
 
-TEST(HandoffTest, CachedPrefixOnThePrefillSideIsSentToo) {
-  Pair p = MakePair();
+TEST_P(HandoffTest, CachedPrefixOnThePrefillSideIsSentToo) {
+  Pair p = MakePair(GetParam());
   ASSERT_TRUE(p.prefill && p.decode);
   std::string text;
   for (int i = 0; i < 8; ++i)
@@ -179,27 +196,61 @@ TEST(HandoffTest, CachedPrefixOnThePrefillSideIsSentToo) {
   int cached = 0;
   const auto out_b = Handoff(p, b, &cached);
   EXPECT_GT(cached, 0);  // b's prefix came from the prefill side's cache
-  auto colocated_engine = LoadEngine();
+  auto colocated_engine = LoadEngine(GetParam());
   ASSERT_NE(colocated_engine, nullptr);
   auto colocated = MakeLocalBackend(colocated_engine.get(), {});
   EXPECT_EQ(out_b, Colocated(*colocated, b));
 }
 
-TEST(HandoffTest, ReservationsExpireAreCancelledAndRefuseBadUse) {
+INSTANTIATE_TEST_SUITE_P(Models, HandoffTest, ::testing::Values(kSmolLm2, kGemma),
+                         [](const auto& info) { return info.index == 0 ? "SmolLM2" : "Gemma3"; });
+
+// A prompt longer than Gemma's 512-token window: the prefill side gives back the sliding
+// layers' KV as its chunks move on, the decode side receives only the last window of it, and
+// the continuation still equals one engine doing everything.
+TEST(HandoffWindowTest, OnlyTheLastWindowOfSlidingLayersIsHandedOff) {
+  Pair p = MakePair(kGemma);
+  ASSERT_TRUE(p.prefill && p.decode);
+  std::string text;
+  for (int i = 0; i < 90; ++i) text += "Line " + std::to_string(i) + " of the river survey. ";
+  const auto req = Request(*p.prefill_engine, "long", text, 8);
+  const int n_prompt = static_cast<int>(req.prompt_tokens.size());
+  ASSERT_GT(n_prompt, 700);  // past the 512-token window
+  int sliding_copied = 0;
+  const auto disaggregated = Handoff(p, req, nullptr, &sliding_copied);
+  auto colocated_engine = LoadEngine(kGemma);
+  ASSERT_NE(colocated_engine, nullptr);
+  auto colocated =
+      MakeLocalBackend(colocated_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
+  EXPECT_EQ(disaggregated, Colocated(*colocated, req));
+  // Every sliding layer got the blocks of the window behind position n_prompt, plus a resend of
+  // a block a 48-token chunk left partly filled; far fewer than all the prompt's blocks.
+  const auto& shape = p.decode_engine->kv().shape();
+  const int window_blocks = (shape.window_tokens + 15) / 16 + 1;
+  const int chunks = (n_prompt + 47) / 48;
+  EXPECT_LE(sliding_copied, (window_blocks + chunks) * shape.NumSlidingLayers());
+  EXPECT_GE(sliding_copied, (window_blocks - 1) * shape.NumSlidingLayers());
+  EXPECT_LT(sliding_copied, (n_prompt / 16) * shape.NumSlidingLayers());  // the whole prompt
+  // Both engines hold sliding KV only for windows now, never a whole prompt.
+  const auto& pkv = p.prefill_engine->kv();
+  EXPECT_LE(pkv.num_window_blocks() - pkv.num_free_window(), 2 * window_blocks);
+}
+
+TEST(HandoffReservationTest, ReservationsExpireAreCancelledAndRefuseBadUse) {
   Pair p = MakePair();
   ASSERT_TRUE(p.prefill && p.decode);
   const int free_before = p.decode->Stats().kv_blocks_total - p.decode->Stats().kv_blocks_used;
   auto r1 = p.decode->ReserveBlocks("x", 100, Clock::now() + std::chrono::milliseconds(200));
   ASSERT_TRUE(r1.ok());
-  EXPECT_EQ(r1->size(), 7u);  // ceil(100 / 16)
+  EXPECT_EQ(r1->blocks.size(), 7u);  // ceil(100 / 16)
   EXPECT_EQ(
       p.decode->ReserveBlocks("x", 10, Clock::now() + std::chrono::seconds(5)).status().code(),
       StatusCode::kInvalidArgument);  // the same id twice
   auto r2 = p.decode->ReserveBlocks("y", 40, Clock::now() + std::chrono::seconds(60));
   ASSERT_TRUE(r2.ok());
-  std::set<int32_t> all(r1->begin(), r1->end());
-  all.insert(r2->begin(), r2->end());
-  EXPECT_EQ(all.size(), r1->size() + r2->size());  // disjoint
+  std::set<int32_t> all(r1->blocks.begin(), r1->blocks.end());
+  all.insert(r2->blocks.begin(), r2->blocks.end());
+  EXPECT_EQ(all.size(), r1->blocks.size() + r2->blocks.size());  // disjoint
   EXPECT_EQ(p.decode->ReserveBlocks("z", 1 << 20, Clock::now()).status().code(),
             StatusCode::kOutOfRange);
   // "x" expires on its own.
@@ -221,7 +272,7 @@ TEST(HandoffTest, ReservationsExpireAreCancelledAndRefuseBadUse) {
   EXPECT_EQ(p.decode->Stats().kv_blocks_total - p.decode->Stats().kv_blocks_used, free_before);
 }
 
-TEST(HandoffTest, FirstTokenThatEndsTheRequestFinishesAtOnce) {
+TEST(HandoffReservationTest, FirstTokenThatEndsTheRequestFinishesAtOnce) {
   Pair p = MakePair();
   ASSERT_TRUE(p.prefill && p.decode);
   auto req = Request(*p.decode_engine, "one", "hello there", 1);

@@ -147,6 +147,51 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
   EXPECT_EQ(backend->Stats().kv_blocks_used, 0);
 }
 
+// Gemma 3's sliding layers keep KV only for their 512-token window, in an arena sized for two
+// sequences; three long prompts at once outgrow it, so the scheduler waits or preempts (never
+// fails), outputs equal each prompt alone, and every window block comes back at the end.
+TEST(LocalBackendTest, SlidingWindowArenaUnderPressureKeepsOutputs) {
+  const char* dir = std::getenv("TANDEM_SOURCE_DIR");
+  engine::EngineOptions o;
+  o.model_path = std::string(dir ? dir : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
+  o.threads = 2;
+  o.kv_capacity_tokens = 4096;
+  o.max_sequences = 2;
+  o.max_step_tokens = 64;
+  auto loaded = engine::Engine::Load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  engine::Engine& e = **loaded;
+  const engine::PagedKvCache& kv = e.kv();
+  ASSERT_GT(kv.shape().NumSlidingLayers(), 0);
+  EXPECT_EQ(kv.num_window_blocks(), kv.shape().WindowBlocksFor(2, 64));
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::vector<int32_t>> solo;
+  for (int r = 0; r < 3; ++r) {
+    std::string text;
+    for (int i = 0; i < 60; ++i)
+      text += "Note " + std::to_string(r) + "." + std::to_string(i) + " on tides. ";
+    reqs.push_back(Greedy(e, text, 40));  // long enough to decode while the others prefill
+    reqs.back().id = "long-" + std::to_string(r);
+    ASSERT_GT(reqs.back().prompt_tokens.size(), 512u);
+    solo.push_back(Solo(e, reqs.back()));
+  }
+  EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());  // Generate gave everything back
+  auto backend = MakeLocalBackend(&e, {.max_num_seqs = 3, .max_batch_tokens = 64});
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (auto& r : reqs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE(backend->Submit(r, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(sinks[i]->Wait().reason, FinishReason::kLength);
+    EXPECT_EQ(sinks[i]->tokens(), solo[i]) << i;
+  }
+  EXPECT_GT(backend->Stats().preemptions, 0);  // the arena did run short
+  backend.reset();                             // the prefix cache's references go too
+  EXPECT_EQ(kv.num_free(), kv.num_blocks());
+  EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());
+}
+
 TEST(LocalBackendTest, CancelTimeoutAndRefusals) {
   auto e = LoadEngine(2048);
   ASSERT_NE(e, nullptr);

@@ -4,7 +4,7 @@
 
 namespace tandem::serving {
 
-PrefixCache::PrefixCache(engine::PagedKvCache* kv) : kv_(kv) {}
+PrefixCache::PrefixCache(engine::PagedKvCache* kv) : kv_(kv), held_(kv->num_blocks(), 0) {}
 
 PrefixCache::~PrefixCache() {
   for (const auto& [key, entry] : entries_) kv_->Release(entry.block);
@@ -31,12 +31,16 @@ std::vector<int32_t> PrefixCache::Match(std::span<const uint64_t> keys, int max_
     kv_->AddRef(it->second.block);
     blocks.push_back(it->second.block);
   }
+  const int resumable = kv_->ResumablePrefix(blocks, static_cast<int>(blocks.size()));
+  for (size_t i = resumable; i < blocks.size(); ++i) kv_->Release(blocks[i]);
+  blocks.resize(resumable);
   return blocks;
 }
 
 void PrefixCache::Insert(uint64_t key, int32_t block) {
   if (entries_.count(key) != 0) return;
   kv_->AddRef(block);
+  held_[block] = 1;
   lru_.push_front(key);
   entries_.emplace(key, Entry{block, lru_.begin()});
   ++version_;
@@ -54,10 +58,22 @@ int PrefixCache::Evict(int n) {
     --it;
     auto entry = entries_.find(*it);
     if (kv_->ref_count(entry->second.block) != 1) continue;  // a sequence still uses it
+    held_[entry->second.block] = 0;
     kv_->Release(entry->second.block);
     entries_.erase(entry);
     ++version_;
     it = lru_.erase(it);
+    ++freed;
+  }
+  return freed;
+}
+
+int PrefixCache::EvictWindows(int n) {
+  int freed = 0;
+  for (auto it = lru_.rbegin(); it != lru_.rend() && freed < n; ++it) {
+    const int32_t block = entries_.at(*it).block;
+    if (kv_->ref_count(block) != 1 || !kv_->HasWindow(block)) continue;
+    kv_->DropWindow(block);
     ++freed;
   }
   return freed;

@@ -27,8 +27,10 @@ class PrefixCache {
   static std::vector<uint64_t> BlockKeys(std::span<const int32_t> tokens, int block_tokens,
                                          uint64_t seed = 0);
 
-  // The blocks of the longest cached prefix of `keys`, at most max_blocks, in order. Each
-  // returned block carries a new reference owned by the caller. Counts as a use (LRU).
+  // The blocks of the longest cached prefix of `keys`, at most max_blocks, in order, that a
+  // sequence can resume from (with sliding layers: whose last window is still stored, see
+  // PagedKvCache::ResumablePrefix). Each returned block carries a new reference owned by the
+  // caller. Counts as a use (LRU).
   std::vector<int32_t> Match(std::span<const uint64_t> keys, int max_blocks);
 
   // Offers a computed full block under its key. The cache takes its own reference unless the
@@ -38,6 +40,12 @@ class PrefixCache {
   // Frees up to n blocks that only the cache still references, least recently used first.
   // Returns how many were freed.
   int Evict(int n);
+  // Takes back up to n window blocks (sliding layers' KV) of cached blocks that only the cache
+  // references, least recently used first; the blocks stay cached (their prefixes then resume
+  // only where an unbroken window remains). Returns how many were taken back.
+  int EvictWindows(int n);
+  // Whether the cache holds a reference to `block` (at most one).
+  bool Holds(int32_t block) const { return held_[block] != 0; }
 
   // Every cached key, in no particular order (what the worker reports to the conductor).
   std::vector<uint64_t> Keys() const;
@@ -55,7 +63,8 @@ class PrefixCache {
   };
   engine::PagedKvCache* kv_;
   std::unordered_map<uint64_t, Entry> entries_;
-  std::list<uint64_t> lru_;  // keys, most recently used first
+  std::list<uint64_t> lru_;    // keys, most recently used first
+  std::vector<uint8_t> held_;  // per block of kv_: 1 when an entry holds it
   uint64_t version_ = 0;
 };
 
