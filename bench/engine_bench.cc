@@ -128,13 +128,15 @@ int main(int argc, char** argv) {
   CLI::App app{"tandem engine benchmark"};
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::vector<int> threads = {1, 2}, prompt_lens = {128, 512, 2048}, batches = {1, 8, 32};
-  int decode_steps = 32, repeats = 3;
+  int decode_steps = 32, repeats = 3, decode_context = 128;
   bool limits = true;
   app.add_option("--model", model);
   app.add_option("--threads", threads)->delimiter(',');
   app.add_option("--prompt-lengths", prompt_lens)->delimiter(',');
   app.add_option("--batches", batches)->delimiter(',');
   app.add_option("--decode-steps", decode_steps);
+  app.add_option("--decode-context", decode_context,
+                 "Prompt tokens in each sequence's cache before the timed decode steps");
   app.add_option("--repeats", repeats);
   app.add_flag("!--no-limits", limits, "Skip measuring bandwidth and peak FLOP/s");
   CLI11_PARSE(app, argc, argv);
@@ -146,7 +148,8 @@ int main(int argc, char** argv) {
     opts.prefill_chunk = 4096;
     int max_batch = *std::max_element(batches.begin(), batches.end());
     int max_prompt = *std::max_element(prompt_lens.begin(), prompt_lens.end());
-    opts.kv_capacity_tokens = std::max(max_prompt + 16, max_batch * (128 + decode_steps + 16));
+    opts.kv_capacity_tokens =
+        std::max(max_prompt + 16, max_batch * (decode_context + decode_steps + 16));
     auto loaded = Engine::Load(opts);
     if (!loaded.ok()) {
       std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());
@@ -177,7 +180,8 @@ int main(int argc, char** argv) {
         auto blocks = eng.kv().Allocate(eng.kv().BlocksFor(len)).value();
         BatchItem item{blocks, 0, tokens, true};
         const auto t0 = Clock::now();
-        auto st = eng.transformer().Forward({&item, 1}, eng.kv(), &logits);
+        auto st = eng.kv().AttachWindow(blocks, 0, len);  // sliding layers' KV storage
+        if (st.ok()) st = eng.transformer().Forward({&item, 1}, eng.kv(), &logits);
         const double dt = Since(t0);
         eng.kv().Release(blocks);
         if (!st.ok()) {
@@ -195,13 +199,14 @@ int main(int argc, char** argv) {
             {"gflops", tps * 2 * params / 1e9}});
     }
     for (int batch : batches) {
-      const int prompt_len = 128;
+      const int prompt_len = decode_context;
       std::vector<std::vector<int32_t>> blocks(batch);
       std::vector<std::vector<int32_t>> prompts(batch);
       for (int b = 0; b < batch; ++b) {
         blocks[b] = eng.kv().Allocate(eng.kv().BlocksFor(prompt_len + decode_steps + 1)).value();
         prompts[b] = PromptTokens(prompt_len, cfg.vocab_size, 1000 + b);
         BatchItem item{blocks[b], 0, prompts[b], true};
+        if (!eng.kv().AttachWindow(blocks[b], 0, prompt_len + decode_steps + 1).ok()) return 1;
         if (!eng.transformer().Forward({&item, 1}, eng.kv(), &logits).ok()) return 1;
       }
       std::vector<double> step_times;
@@ -220,6 +225,7 @@ int main(int argc, char** argv) {
             {"threads", nt},
             {"metric", "decode"},
             {"batch", batch},
+            {"prompt_len", prompt_len},
             {"tokens_per_s", batch / step},
             {"model_bytes", eng.model_bytes()},
             {"weight_gbps", eng.model_bytes() / step / 1e9}});

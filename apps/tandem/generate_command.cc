@@ -40,6 +40,7 @@ int RunGenerate(const GenerateFlags& f) {
   engine::EngineOptions opts;
   opts.model_path = f.model.empty() ? DefaultModelPath() : f.model;
   opts.threads = f.threads > 0 ? f.threads : DefaultThreads();
+  opts.max_sequences = 1;  // one sequence: sliding layers need one window
   auto loaded = engine::Engine::Load(opts);
   if (!loaded.ok()) {
     std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());

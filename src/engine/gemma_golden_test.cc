@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/thread_pool.h"
+#include "engine/engine.h"
 #include "engine/kv_cache.h"
 #include "engine/model_weights.h"
 #include "engine/sampler.h"
@@ -88,8 +89,13 @@ CaseResult RunCase(Model& m, const nlohmann::json& c) {
   const auto prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
   const auto want = c["output_tokens"].get<std::vector<int32_t>>();
   const auto margins = c["margins"].get<std::vector<double>>();
-  KvCacheShape shape{m.config.n_layers, m.config.n_kv_heads, m.config.head_dim, 16, 0};
-  shape.num_blocks = static_cast<int>((prompt.size() + want.size()) / 16 + 1);
+  // The engine's layout for one sequence: sliding layers hold only their window, given back as
+  // the sequence moves on, so every case also checks that nothing still needed is taken back.
+  EngineOptions layout;
+  layout.max_sequences = 1;
+  layout.max_step_tokens = kPrefillChunk;
+  const KvCacheShape shape =
+      KvShapeFor(m.config, layout, static_cast<int64_t>(prompt.size() + want.size()) + 1);
   auto kv = PagedKvCache::Create(shape);
   EXPECT_TRUE(kv.ok()) << kv.status().ToString();
   if (!kv.ok()) return r;
@@ -97,11 +103,18 @@ CaseResult RunCase(Model& m, const nlohmann::json& c) {
   EXPECT_TRUE(blocks.ok());
   if (!blocks.ok()) return r;
   std::vector<float> logits;
+  auto step = [&](const BatchItem& item) -> Status {
+    const int64_t end = item.start_pos + static_cast<int64_t>(item.tokens.size());
+    TANDEM_RETURN_IF_ERROR((*kv)->AttachWindow(item.block_table, item.start_pos, end));
+    TANDEM_RETURN_IF_ERROR(m.transformer->Forward({&item, 1}, **kv, &logits));
+    (*kv)->TrimWindow(item.block_table, end);
+    return OkStatus();
+  };
   for (size_t pos = 0; pos < prompt.size(); pos += kPrefillChunk) {
     const size_t n = std::min<size_t>(kPrefillChunk, prompt.size() - pos);
     BatchItem item{
         *blocks, static_cast<int>(pos), {prompt.data() + pos, n}, pos + n == prompt.size()};
-    const Status s = m.transformer->Forward({&item, 1}, **kv, &logits);
+    const Status s = step(item);
     EXPECT_TRUE(s.ok()) << name << ": " << s.ToString();
     if (!s.ok()) return r;
   }
@@ -130,7 +143,7 @@ CaseResult RunCase(Model& m, const nlohmann::json& c) {
     }
     if (i + 1 == want.size()) break;
     BatchItem next{*blocks, static_cast<int>(prompt.size() + i), {&want[i], 1}, true};
-    const Status s = m.transformer->Forward({&next, 1}, **kv, &logits);
+    const Status s = step(next);
     EXPECT_TRUE(s.ok()) << s.ToString();
     if (!s.ok()) return r;
   }
