@@ -110,7 +110,10 @@ void Transformer::PostNorm(const std::vector<float>& w, int64_t tokens) {
 // summation noise of each other (the rounding error, 2^-11 relative, is below what the fp16
 // keys already carry).
 void Transformer::RoundQueriesToFp16(int64_t n) {
-  for (int64_t i = 0; i < n; ++i) q_[i] = Fp16ToFp32(Fp32ToFp16(q_[i]));
+  ParallelRows(n / 4096 + 1, [&](int64_t b, int64_t e) {
+    const int64_t end = std::min(n, e * 4096);
+    kernels::RoundToFp16(&q_[b * 4096], end - b * 4096);
+  });
 }
 
 void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {

@@ -47,4 +47,10 @@ void SiluMul(float* gate, const float* up, int64_t n) {
   internal::CurrentIsa()->silu_mul(gate, up, n);
 }
 
+void RoundToFp16Scalar(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
+void RoundToFp16(float* x, int64_t n) { internal::CurrentIsa()->round_to_fp16(x, n); }
+
 }  // namespace tandem::kernels

@@ -18,4 +18,9 @@ void SiluMulScalar(float* gate, const float* up, int64_t n);
 void GeluMul(float* gate, const float* up, int64_t n);
 void GeluMulScalar(float* gate, const float* up, int64_t n);
 
+// x[i] = fp32(fp16(x[i])) (round to nearest even, as common/fp16.h), for i in [0, n). Every
+// path gives identical results.
+void RoundToFp16(float* x, int64_t n);
+void RoundToFp16Scalar(float* x, int64_t n);
+
 }  // namespace tandem::kernels

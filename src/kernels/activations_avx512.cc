@@ -36,4 +36,14 @@ void GeluMulAvx512(float* gate, const float* up, int64_t n) {
   GeluMulScalar(gate + i, up + i, n - i);
 }
 
+void RoundToFp16Avx512(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h =
+        _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_storeu_ps(x + i, _mm512_cvtph_ps(h));
+  }
+  RoundToFp16Scalar(x + i, n - i);
+}
+
 }  // namespace tandem::kernels::internal

@@ -126,7 +126,7 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
                                                _mm512_mul_ps(_mm512_add_ps(s0[i], s1[i]), scale));
         AttentionRowState& state = st[r0 + i];
         const float m = std::max(state.max, _mm512_reduce_max_ps(sc));
-        corr[i] = std::exp(state.max - m);
+        corr[i] = m == state.max ? 1.0f : std::exp(state.max - m);  // exp(0) is exactly 1
         const __m512 pv = _mm512_maskz_mov_ps(valid, Exp16(_mm512_sub_ps(sc, _mm512_set1_ps(m))));
         state = {m, state.sum * corr[i] + _mm512_reduce_add_ps(pv)};
         _mm512_store_ps(pj[i], pv);

@@ -283,8 +283,9 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace avx512
 
 const IsaImpl* Avx512Isa() {
-  static const IsaImpl impl{"avx512",      avx512::ActRowBytes, avx512::QuantizeAct, avx512::Gemm,
-                            SiluMulAvx512, GeluMulAvx512,       AttendTileAvx512};
+  static const IsaImpl impl{"avx512",          avx512::ActRowBytes, avx512::QuantizeAct,
+                            avx512::Gemm,      SiluMulAvx512,       GeluMulAvx512,
+                            RoundToFp16Avx512, AttendTileAvx512};
   return &impl;
 }
 

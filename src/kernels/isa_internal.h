@@ -33,6 +33,8 @@ struct IsaImpl {
   void (*silu_mul)(float* gate, const float* up, int64_t n);
   // kernels/activations.h GeluMul.
   void (*gelu_mul)(float* gate, const float* up, int64_t n);
+  // kernels/activations.h RoundToFp16.
+  void (*round_to_fp16)(float* x, int64_t n);
   // kernels/attention.h AttendTile (falls back to the scalar path for shapes it lacks).
   void (*attend_tile)(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
@@ -56,6 +58,7 @@ constexpr int kMaxAttentionRows = kMaxAttentionTile * kMaxAttentionGroup;
 
 void SiluMulAvx512(float* gate, const float* up, int64_t n);
 void GeluMulAvx512(float* gate, const float* up, int64_t n);
+void RoundToFp16Avx512(float* x, int64_t n);
 // (65,536) GeLU values by fp16 bit pattern of the input, each rounded to fp16 (activations.cc).
 const float* GeluTable();
 void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
