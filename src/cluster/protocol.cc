@@ -78,6 +78,8 @@ json StatsJson(const serving::BackendStats& s) {
           {"kv_blocks_total", s.kv_blocks_total},
           {"kv_blocks_used", s.kv_blocks_used},
           {"kv_blocks_cached", s.kv_blocks_cached},
+          {"kv_window_blocks_total", s.kv_window_blocks_total},
+          {"kv_window_blocks_used", s.kv_window_blocks_used},
           {"prefix_cache_hit_tokens", s.prefix_cache_hit_tokens},
           {"prompt_tokens", s.prompt_tokens},
           {"generated_tokens", s.generated_tokens},
@@ -93,6 +95,8 @@ serving::BackendStats StatsFrom(const json& j) {
   s.kv_blocks_total = j.value("kv_blocks_total", 0);
   s.kv_blocks_used = j.value("kv_blocks_used", 0);
   s.kv_blocks_cached = j.value("kv_blocks_cached", 0);
+  s.kv_window_blocks_total = j.value("kv_window_blocks_total", 0);
+  s.kv_window_blocks_used = j.value("kv_window_blocks_used", 0);
   s.prefix_cache_hit_tokens = j.value("prefix_cache_hit_tokens", int64_t{0});
   s.prompt_tokens = j.value("prompt_tokens", int64_t{0});
   s.generated_tokens = j.value("generated_tokens", int64_t{0});

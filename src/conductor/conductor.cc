@@ -153,6 +153,8 @@ class ConductorImpl final : public Conductor {
       s.kv_blocks_total += b.kv_blocks_total;
       s.kv_blocks_used += b.kv_blocks_used;
       s.kv_blocks_cached += b.kv_blocks_cached;
+      s.kv_window_blocks_total += b.kv_window_blocks_total;
+      s.kv_window_blocks_used += b.kv_window_blocks_used;
       s.prefix_cache_hit_tokens += b.prefix_cache_hit_tokens;
       s.prompt_tokens += b.prompt_tokens;
       s.generated_tokens += b.generated_tokens;

@@ -186,6 +186,13 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
           stats.kv_blocks_cached);
   w.Gauge("tandem_kv_blocks_free", "KV-cache blocks free.",
           stats.kv_blocks_total - stats.kv_blocks_used - stats.kv_blocks_cached);
+  if (stats.kv_window_blocks_total > 0) {
+    w.Gauge("tandem_kv_window_blocks_used",
+            "Window blocks (sliding-window layers' KV) lent to blocks inside some window.",
+            stats.kv_window_blocks_used);
+    w.Gauge("tandem_kv_window_blocks_free", "Window blocks free.",
+            stats.kv_window_blocks_total - stats.kv_window_blocks_used);
+  }
   w.Gauge("tandem_kv_blocks_reserved", "KV-cache blocks reserved for KV being transferred in.",
           stats.reserved_blocks);
   w.Counter("tandem_kv_reservations_expired_total",

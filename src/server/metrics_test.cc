@@ -91,6 +91,12 @@ TEST(MetricsTest, ServerMetricsExposition) {
   EXPECT_EQ(s["tandem_requests_waiting"], 3);
   EXPECT_EQ(s["tandem_kv_blocks_used"], 40);
   EXPECT_EQ(s["tandem_kv_blocks_free"], 60);
+  EXPECT_EQ(s.count("tandem_kv_window_blocks_used"), 0u);  // no sliding-window layers
+  stats.kv_window_blocks_total = 30;
+  stats.kv_window_blocks_used = 12;
+  auto windowed = ParseExposition(m.Render(stats));
+  EXPECT_EQ(windowed["tandem_kv_window_blocks_used"], 12);
+  EXPECT_EQ(windowed["tandem_kv_window_blocks_free"], 18);
   EXPECT_EQ(s["tandem_time_to_first_token_seconds_count"], 1);
   EXPECT_DOUBLE_EQ(s["tandem_time_to_first_token_seconds_sum"], 0.2);
   EXPECT_EQ(s["tandem_time_per_output_token_seconds_count"], 1);

@@ -90,6 +90,9 @@ struct BackendStats {
   int kv_blocks_total = 0;
   int kv_blocks_used = 0;    // held by running or waiting sequences
   int kv_blocks_cached = 0;  // held only by the prefix cache: reusable, evicted on demand
+  // Sliding-window models: the window arena that holds the sliding layers' KV (0 otherwise).
+  int kv_window_blocks_total = 0;
+  int kv_window_blocks_used = 0;
   int64_t prefix_cache_hit_tokens = 0;  // cumulative
   int64_t prompt_tokens = 0;            // cumulative, computed (not cached)
   int64_t generated_tokens = 0;         // cumulative

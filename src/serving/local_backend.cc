@@ -275,6 +275,8 @@ class LocalBackendImpl final : public LocalBackend {
     s.kv_blocks_total = kv_.num_blocks();
     s.kv_blocks_used = kv_used_.load();
     s.kv_blocks_cached = kv_cached_.load();
+    s.kv_window_blocks_total = kv_.num_window_blocks();
+    s.kv_window_blocks_used = kv_window_used_.load();
     s.prefix_cache_hit_tokens = cache_hit_tokens_.load();
     s.prompt_tokens = prompt_tokens_.load();
     s.generated_tokens = generated_tokens_.load();
@@ -625,6 +627,7 @@ class LocalBackendImpl final : public LocalBackend {
     const int cached = prefix_cache_.UnsharedBlocks();
     kv_cached_.store(cached);
     kv_used_.store(kv_.num_blocks() - kv_.num_free() - cached);
+    kv_window_used_.store(kv_.num_window_blocks() - kv_.num_free_window());
     int reserved = 0;
     for (const auto& [id, r] : reservations_) reserved += static_cast<int>(r.blocks.size());
     reserved_blocks_.store(reserved);
@@ -659,6 +662,7 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int> waiting_count_{0};
   std::atomic<int> kv_used_{0};
   std::atomic<int> kv_cached_{0};
+  std::atomic<int> kv_window_used_{0};
   std::atomic<int64_t> cache_hit_tokens_{0};
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> generated_tokens_{0};

@@ -187,7 +187,8 @@ TEST(LocalBackendTest, SlidingWindowArenaUnderPressureKeepsOutputs) {
     EXPECT_EQ(sinks[i]->tokens(), solo[i]) << i;
   }
   EXPECT_GT(backend->Stats().preemptions, 0);  // the arena did run short
-  backend.reset();                             // the prefix cache's references go too
+  EXPECT_EQ(backend->Stats().kv_window_blocks_total, kv.num_window_blocks());
+  backend.reset();  // the prefix cache's references go too
   EXPECT_EQ(kv.num_free(), kv.num_blocks());
   EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());
 }
