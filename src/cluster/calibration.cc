@@ -29,10 +29,13 @@ std::vector<int32_t> SyntheticTokens(int n, int vocab, int salt) {
 }
 
 // Computes tokens[from, to) of one sequence in chunks of `chunk`, as the serving loop would.
+// Sliding layers' window storage is attached as it goes and kept (a point may be recomputed),
+// which the short calibration sequences afford.
 Status Prefill(engine::Engine& e, std::span<const int32_t> blocks, std::span<const int32_t> tokens,
                int from, int to, int chunk, std::vector<float>* logits) {
   for (int pos = from; pos < to;) {
     const int n = std::min(chunk, to - pos);
+    TANDEM_RETURN_IF_ERROR(e.kv().AttachWindow(blocks, pos, pos + n));
     engine::BatchItem item{blocks, pos, tokens.subspan(pos, n), pos + n == to};
     TANDEM_RETURN_IF_ERROR(e.transformer().Forward(std::span(&item, 1), e.kv(), logits));
     pos += n;
@@ -126,9 +129,12 @@ StatusOr<conductor::CostModel> Calibrate(engine::Engine& e, const CalibrationOpt
     std::vector<engine::BatchItem> items;
     for (int b = 0; ok && b < batch; ++b) {
       items.push_back({tables[b], ctx, std::span(next).subspan(b, 1), true});
+      // The window a step at ctx reads (its contents do not matter for time); a point whose
+      // windows do not fit the arena is skipped like one whose blocks do not fit the cache.
+      ok = kv.AttachWindow(tables[b], int64_t{kv.WindowStartBlock(ctx)} * bt, ctx + 1).ok();
     }
-    double best = 1e30;
     Status st;
+    double best = 1e30;
     for (int r = 0; ok && r < std::max(2, o.repeats + 1) && st.ok(); ++r) {
       const auto start = Clock::now();
       st = e.transformer().Forward(items, kv, &logits);

@@ -47,6 +47,25 @@ TEST_F(CalibrationTest, MeasuresAModelThatGrowsWithTheWork) {
   EXPECT_LE(m->DecodeStepSeconds(1, 64), m->DecodeStepSeconds(16, 8192));
 }
 
+// Gemma 3's sliding layers keep KV in a window arena: calibration lends it and takes it back.
+TEST(CalibrationWindowTest, MeasuresASlidingWindowModel) {
+  const char* src = std::getenv("TANDEM_SOURCE_DIR");
+  engine::EngineOptions o;
+  o.model_path = std::string(src ? src : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
+  o.kv_capacity_tokens = 8192;
+  o.max_sequences = 8;  // a window arena smaller than the cache, as a worker sizes it
+  o.max_step_tokens = 256;
+  auto e = engine::Engine::Load(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const auto& kv = (*e)->kv();
+  ASSERT_LT(kv.num_window_blocks(), kv.num_blocks());
+  auto m = Calibrate(**e, {});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(m->valid());
+  EXPECT_EQ(kv.num_free(), kv.num_blocks());
+  EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());
+}
+
 TEST_F(CalibrationTest, AutoSavesTheProfileAndLoadsItNextTime) {
   const std::string saved = DefaultProfilePath(*engine_, {});
   ASSERT_EQ(saved.rfind(dir_.string(), 0), 0u) << saved;

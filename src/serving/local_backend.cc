@@ -401,27 +401,35 @@ class LocalBackendImpl final : public LocalBackend {
            AttachWindow(s.blocks, s.n_computed, s.n_computed + n).ok();
   }
 
-  // kv_.AttachWindow, first taking window storage back from the prefix cache if too little is
-  // free.
+  // kv_.AttachWindow; when too little is free, first takes window storage back from blocks
+  // only the prefix cache holds, then unpins the cache's windows and lets every running
+  // sequence give back what it has moved past, before the caller preempts anyone.
   Status AttachWindow(std::span<const int32_t> table, int64_t first_pos, int64_t end_pos) {
     Status st = kv_.AttachWindow(table, first_pos, end_pos);
-    if (st.code() == StatusCode::kResourceExhausted) {
+    if (st.code() != StatusCode::kResourceExhausted) return st;
+    auto missing = [&] {
       int need = 0;
       for (int i = static_cast<int>(first_pos / block_tokens_);
            i < std::min<int>(kv_.BlocksFor(end_pos), static_cast<int>(table.size())); ++i) {
         need += kv_.HasWindow(table[i]) ? 0 : 1;
       }
-      prefix_cache_.EvictWindows(need - kv_.num_free_window());
-      st = kv_.AttachWindow(table, first_pos, end_pos);
+      return need - kv_.num_free_window();
+    };
+    prefix_cache_.EvictWindows(missing());
+    if (missing() > 0) {
+      prefix_cache_.UnpinWindows();
+      for (auto& s : running_) TrimWindow(*s);
+      prefix_cache_.EvictWindows(missing());
     }
-    return st;
+    return kv_.AttachWindow(table, first_pos, end_pos);
   }
 
-  // Gives back the window storage of the blocks `s` has moved past (the prefix cache's own
-  // references read no window).
+  // Gives back the window storage of the blocks `s` has moved past. The prefix cache's
+  // references keep a window only where it is pinned.
   void TrimWindow(Sequence& s) {
-    kv_.TrimWindow(s.blocks, s.n_computed,
-                   [this](int32_t b) { return prefix_cache_.Holds(b) ? 1 : 0; });
+    kv_.TrimWindow(s.blocks, s.n_computed, [this](int32_t b) {
+      return prefix_cache_.Holds(b) && !prefix_cache_.PinsWindow(b) ? 1 : 0;
+    });
   }
 
   void Admit() {
@@ -469,12 +477,16 @@ class LocalBackendImpl final : public LocalBackend {
     return false;
   }
 
-  // Offers a sequence's computed full blocks to the prefix cache.
+  // Offers a sequence's computed full blocks to the prefix cache, pinning the window behind
+  // their end (sliding-window models) so that the prefix can be resumed from there.
   void OfferBlocks(Sequence& s) {
     if (!options_.enable_prefix_cache) return;
     const auto keys = KeysOf(s, s.n_computed);
-    for (size_t i = 0; i < keys.size() && i < s.blocks.size(); ++i)
-      prefix_cache_.Insert(keys[i], s.blocks[i]);
+    const size_t n = std::min(keys.size(), s.blocks.size());
+    for (size_t i = 0; i < n; ++i) prefix_cache_.Insert(keys[i], s.blocks[i]);
+    for (size_t i = kv_.WindowStartBlock(static_cast<int64_t>(n) * block_tokens_); i < n; ++i) {
+      if (kv_.HasWindow(s.blocks[i])) prefix_cache_.PinWindow(s.blocks[i]);
+    }
   }
 
   // Keys of the full blocks among the first n_tokens tokens of `s`, hashing only blocks not

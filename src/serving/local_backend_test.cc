@@ -193,6 +193,34 @@ TEST(LocalBackendTest, SlidingWindowArenaUnderPressureKeepsOutputs) {
   EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());
 }
 
+// A long prompt asked again is served from the prefix cache although the first run's decode
+// moved its window on: the window behind the prompt's end stays pinned in the cache.
+TEST(LocalBackendTest, SlidingWindowPrefixIsResumableAfterDecode) {
+  const char* dir = std::getenv("TANDEM_SOURCE_DIR");
+  engine::EngineOptions o;
+  o.model_path = std::string(dir ? dir : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
+  o.threads = 2;
+  o.kv_capacity_tokens = 4096;
+  o.max_sequences = 4;
+  o.max_step_tokens = 256;
+  auto loaded = engine::Engine::Load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  engine::Engine& e = **loaded;
+  std::string text;
+  for (int i = 0; i < 70; ++i) text += "Entry " + std::to_string(i) + " in the ship's log. ";
+  const auto req = Greedy(e, text, 40);  // 40 tokens: the window moves past the prompt's end
+  ASSERT_GT(req.prompt_tokens.size(), 600u);
+  auto backend = MakeLocalBackend(&e, {.max_num_seqs = 4, .max_batch_tokens = 256});
+  auto first = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(backend->Submit(req, first).ok());
+  EXPECT_EQ(first->Wait().cached_prompt_tokens, 0);
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(backend->Submit(req, second).ok());
+  const FinishInfo info = second->Wait();
+  EXPECT_GE(info.cached_prompt_tokens, static_cast<int>(req.prompt_tokens.size()) - 16);
+  EXPECT_EQ(second->tokens(), first->tokens());
+}
+
 TEST(LocalBackendTest, CancelTimeoutAndRefusals) {
   auto e = LoadEngine(2048);
   ASSERT_NE(e, nullptr);

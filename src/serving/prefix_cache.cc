@@ -68,6 +68,10 @@ int PrefixCache::Evict(int n) {
   return freed;
 }
 
+void PrefixCache::UnpinWindows() {
+  for (uint8_t& h : held_) h = h == 2 ? 1 : h;
+}
+
 int PrefixCache::EvictWindows(int n) {
   int freed = 0;
   for (auto it = lru_.rbegin(); it != lru_.rend() && freed < n; ++it) {

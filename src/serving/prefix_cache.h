@@ -47,6 +47,17 @@ class PrefixCache {
   // Whether the cache holds a reference to `block` (at most one).
   bool Holds(int32_t block) const { return held_[block] != 0; }
 
+  // Sliding-window models. The cache reads no KV itself, so its reference does not keep a
+  // block's window storage alive against the sequences that move past it, except where a
+  // window is pinned: the blocks a cached prefix needs to be resumed from its end
+  // (PagedKvCache::ResumablePrefix). The serving loop pins the window behind the end of each
+  // prefix it offers, and unpins every window when the arena runs short.
+  void PinWindow(int32_t block) {
+    if (held_[block] != 0) held_[block] = 2;
+  }
+  bool PinsWindow(int32_t block) const { return held_[block] == 2; }
+  void UnpinWindows();
+
   // Every cached key, in no particular order (what the worker reports to the conductor).
   std::vector<uint64_t> Keys() const;
   // Changes whenever the set of keys does (an insertion or an eviction).
@@ -64,7 +75,7 @@ class PrefixCache {
   engine::PagedKvCache* kv_;
   std::unordered_map<uint64_t, Entry> entries_;
   std::list<uint64_t> lru_;    // keys, most recently used first
-  std::vector<uint8_t> held_;  // per block of kv_: 1 when an entry holds it
+  std::vector<uint8_t> held_;  // per block of kv_: 0 not held, 1 held, 2 held with a pinned window
   uint64_t version_ = 0;
 };
 
