@@ -8,7 +8,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
-from server_util import MODEL_NAME, Server, sse_events  # noqa: E402,F401
+from server_util import GEMMA, MODEL_NAME, Server, sse_events  # noqa: E402,F401
 
 # Prompts and completions stay within this context, so that "near the limit" is affordable on
 # two cores (a prompt of ~900 tokens plus its completion).

@@ -4,7 +4,8 @@ import concurrent.futures
 import re
 import unittest
 
-from disagg_util import (colocated, disaggregated, fifty_prompts, metric, post, stream, text_of)
+from disagg_util import (GEMMA, Server, colocated, disaggregated, fifty_prompts, metric, post,
+                         stream, text_of)
 
 CLIENTS = 16
 
@@ -106,6 +107,31 @@ class ConditionalDisaggregationEqualsColocated(unittest.TestCase):
             self.assertEqual(metric(m, "tandem_kv_blocks_reserved"), 0)
         finally:
             server.stop()
+
+
+
+class SlidingWindowModelEqualsColocated(unittest.TestCase):
+    """Gemma 3 (sliding-window layers): prompts past its 512-token window hand off only the
+    window's KV for those layers, and the answers still equal the colocated mode's."""
+
+    def test_long_and_short_prompts(self):
+        lines = " ".join(f"Line {i} of the harbour survey." for i in range(100))
+        requests = [("/v1/completions", {"prompt": p, "max_tokens": 12, "temperature": 0,
+                                         "ignore_eos": True})
+                    for p in ["The tide tables say", lines, lines[: len(lines) // 2] + " Then"]]
+        answers = {}
+        for mode in ("colocated", "disaggregated"):
+            extra = ("--mode", mode) + (("--no-local-prefill",) if mode == "disaggregated" else ())
+            server = Server(*extra, model=GEMMA, max_model_len=4096, kv_cache_tokens=8192)
+            try:
+                answers[mode] = [run_all(server, requests, streaming=s) for s in (False, True)]
+                usage = post(server, *requests[1])["usage"]
+                self.assertGreater(usage["prompt_tokens"], 600)  # past the window
+                self.assertGreater(metric(server.metrics(), "tandem_kv_window_blocks_free"), 0)
+            finally:
+                self.assertEqual(server.stop(), 0)
+        self.assertEqual(answers["disaggregated"], answers["colocated"])
+        self.assertEqual(answers["colocated"][0], answers["colocated"][1])  # streaming or not
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ BIN = os.environ.get("TANDEM_BIN", os.path.join(SOURCE_DIR, "build", "tandem"))
 MODEL = os.environ.get(
     "TANDEM_MODEL", os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 MODEL_NAME = "smol"
+# The 32k-context model with sliding-window layers (Gemma 3 270M, a base model: completions only).
+GEMMA = os.path.join(SOURCE_DIR, "models", "gemma-3-270m-q4_k_m.gguf")
 
 
 def free_port():
@@ -31,12 +33,14 @@ def free_port():
 class Server:
     """One `tandem serve` process on a free port; its log goes to a temporary file."""
 
-    def __init__(self, *extra_args, threads=None, kv_cache_tokens=16384, max_model_len=2048):
+    def __init__(self, *extra_args, threads=None, kv_cache_tokens=16384, max_model_len=2048,
+                 model=None):
         threads = threads or int(os.environ.get("TANDEM_TEST_THREADS", "2"))
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="tandem-serve-", suffix=".log", delete=False)
-        args = [BIN, "serve", "--model", MODEL, "--port", str(self.port), "--threads", str(threads),
+        args = [BIN, "serve", "--model", model or MODEL, "--port", str(self.port),
+                "--threads", str(threads),
                 "--kv-cache-tokens", str(kv_cache_tokens), "--max-model-len", str(max_model_len),
                 "--served-model-name", MODEL_NAME, *extra_args]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
