@@ -13,14 +13,29 @@ std::string ModelPath() {
   return std::string(s ? s : ".") + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-std::unique_ptr<engine::Engine> LoadEngine(int kv_tokens) {
-  engine::EngineOptions o;
-  o.model_path = ModelPath();
+std::unique_ptr<engine::Engine> Load(engine::EngineOptions o) {
   o.threads = 2;
-  o.kv_capacity_tokens = kv_tokens;
   auto e = engine::Engine::Load(o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(*e) : nullptr;
+}
+
+std::unique_ptr<engine::Engine> LoadEngine(int kv_tokens) {
+  engine::EngineOptions o;
+  o.model_path = ModelPath();
+  o.kv_capacity_tokens = kv_tokens;
+  return Load(o);
+}
+
+// Gemma 3 (sliding-window layers), its window arena sized for max_sequences sequences.
+std::unique_ptr<engine::Engine> LoadGemma(int max_sequences, int max_step_tokens) {
+  const char* dir = std::getenv("TANDEM_SOURCE_DIR");
+  engine::EngineOptions o;
+  o.model_path = std::string(dir ? dir : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
+  o.kv_capacity_tokens = 4096;
+  o.max_sequences = max_sequences;
+  o.max_step_tokens = max_step_tokens;
+  return Load(o);
 }
 
 // Collects a request's tokens; cancels after `cancel_after` tokens when set.
@@ -62,6 +77,23 @@ std::vector<std::string> Prompts(int n) {
                 std::to_string(i * 37 + 11) + (i % 2 ? " and its digits." : " in French."));
   }
   return p;
+}
+
+// Submits every request at once and returns each one's tokens once all have finished (each by
+// reaching max_tokens).
+std::vector<std::vector<int32_t>> SubmitAll(LocalBackend& backend,
+                                            const std::vector<GenerationRequest>& reqs) {
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    EXPECT_TRUE(backend.Submit(r, sinks.back()).ok());
+  }
+  std::vector<std::vector<int32_t>> outputs;
+  for (auto& sink : sinks) {
+    EXPECT_EQ(sink->Wait().reason, FinishReason::kLength);
+    outputs.push_back(sink->tokens());
+  }
+  return outputs;
 }
 
 // What the engine produces for a prompt alone, without the scheduler.
@@ -130,14 +162,9 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
   }
   auto backend = MakeLocalBackend(
       e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .enable_prefix_cache = false});
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (auto& r : reqs) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(backend->Submit(r, sinks.back()).ok());
-  }
+  const auto outputs = SubmitAll(*backend, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(sinks[i]->Wait().reason, FinishReason::kLength);
-    const auto got = sinks[i]->tokens();
+    const auto& got = outputs[i];
     size_t d = 0;
     while (d < got.size() && d < solo[i].size() && got[d] == solo[i][d]) ++d;
     EXPECT_EQ(got, solo[i]) << i << " first difference at " << d;
@@ -151,16 +178,9 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
 // sequences; three long prompts at once outgrow it, so the scheduler waits or preempts (never
 // fails), outputs equal each prompt alone, and every window block comes back at the end.
 TEST(LocalBackendTest, SlidingWindowArenaUnderPressureKeepsOutputs) {
-  const char* dir = std::getenv("TANDEM_SOURCE_DIR");
-  engine::EngineOptions o;
-  o.model_path = std::string(dir ? dir : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
-  o.threads = 2;
-  o.kv_capacity_tokens = 4096;
-  o.max_sequences = 2;
-  o.max_step_tokens = 64;
-  auto loaded = engine::Engine::Load(o);
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  engine::Engine& e = **loaded;
+  auto loaded = LoadGemma(/*max_sequences=*/2, /*max_step_tokens=*/64);
+  ASSERT_NE(loaded, nullptr);
+  engine::Engine& e = *loaded;
   const engine::PagedKvCache& kv = e.kv();
   ASSERT_GT(kv.shape().NumSlidingLayers(), 0);
   EXPECT_EQ(kv.num_window_blocks(), kv.shape().WindowBlocksFor(2, 64));
@@ -177,15 +197,8 @@ TEST(LocalBackendTest, SlidingWindowArenaUnderPressureKeepsOutputs) {
   }
   EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());  // Generate gave everything back
   auto backend = MakeLocalBackend(&e, {.max_num_seqs = 3, .max_batch_tokens = 64});
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (auto& r : reqs) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE(backend->Submit(r, sinks.back()).ok());
-  }
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(sinks[i]->Wait().reason, FinishReason::kLength);
-    EXPECT_EQ(sinks[i]->tokens(), solo[i]) << i;
-  }
+  const auto outputs = SubmitAll(*backend, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(outputs[i], solo[i]) << i;
   EXPECT_GT(backend->Stats().preemptions, 0);  // the arena did run short
   EXPECT_EQ(backend->Stats().kv_window_blocks_total, kv.num_window_blocks());
   backend.reset();  // the prefix cache's references go too
@@ -196,16 +209,9 @@ TEST(LocalBackendTest, SlidingWindowArenaUnderPressureKeepsOutputs) {
 // A long prompt asked again is served from the prefix cache although the first run's decode
 // moved its window on: the window behind the prompt's end stays pinned in the cache.
 TEST(LocalBackendTest, SlidingWindowPrefixIsResumableAfterDecode) {
-  const char* dir = std::getenv("TANDEM_SOURCE_DIR");
-  engine::EngineOptions o;
-  o.model_path = std::string(dir ? dir : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
-  o.threads = 2;
-  o.kv_capacity_tokens = 4096;
-  o.max_sequences = 4;
-  o.max_step_tokens = 256;
-  auto loaded = engine::Engine::Load(o);
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  engine::Engine& e = **loaded;
+  auto loaded = LoadGemma(/*max_sequences=*/4, /*max_step_tokens=*/256);
+  ASSERT_NE(loaded, nullptr);
+  engine::Engine& e = *loaded;
   std::string text;
   for (int i = 0; i < 70; ++i) text += "Entry " + std::to_string(i) + " in the ship's log. ";
   const auto req = Greedy(e, text, 40);  // 40 tokens: the window moves past the prompt's end
