@@ -10,12 +10,18 @@
 namespace tandem::engine {
 namespace {
 
-// y = x / rms(x) * w over rows of n; the sum of squares is accumulated in double.
+// y = x / rms(x) * w over rows of n; the sum of squares is accumulated in double, in four
+// interleaved partial sums (independent add chains; the order is fixed, so results are too).
 void RmsNorm(const float* x, const float* w, int64_t rows, int n, float eps, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
-    double sum = 0;
-    for (int i = 0; i < n; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+    double part[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+      for (int j = 0; j < 4; ++j) part[j] += static_cast<double>(xr[i + j] * xr[i + j]);
+    }
+    for (; i < n; ++i) part[0] += static_cast<double>(xr[i] * xr[i]);
+    const double sum = (part[0] + part[1]) + (part[2] + part[3]);
     const float scale = 1.0f / std::sqrt(static_cast<float>(sum / n) + eps);
     float* yr = y + r * n;
     for (int i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
