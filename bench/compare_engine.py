@@ -37,6 +37,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bench", default="build/bench/engine_bench")
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--decode-context", type=int, default=128,
+                    help="tokens in each sequence's cache before the timed decode steps")
+    ap.add_argument("--flash-attn", action="store_true", help="llama.cpp with flash attention")
     args = ap.parse_args()
 
     ours = defaultdict(list)
@@ -47,6 +50,8 @@ def main():
         cmd = [args.bench, "--model", args.model, "--threads", args.threads,
                "--prompt-lengths", args.prompt_lengths, "--batches", args.batches,
                "--repeats", "3"]
+        if args.decode_context != 128:
+            cmd += ["--decode-context", str(args.decode_context)]
         if r > 0:
             cmd.append("--no-limits")
         for rec in run_json_lines(cmd):
@@ -54,13 +59,16 @@ def main():
                 limits[(rec["threads"], rec["metric"])].append(rec["value"])
             elif "tokens_per_s" in rec:
                 ours[key(rec)].append(rec["tokens_per_s"])
-                if "gflops" in rec:
-                    gflops[key(rec)].append(rec["gflops"])
+                if "matmul_gops" in rec:
+                    gflops[key(rec)].append(rec["matmul_gops"])
             else:
                 ours[key(rec)].append(rec["value"])
         cmd = [sys.executable, "bench/llama_cpp_bench.py", "--model", args.model,
                "--threads", args.threads, "--prompt-lengths", args.prompt_lengths,
-               "--batches", args.batches, "--repeats", "3", "--json"]
+               "--batches", args.batches, "--repeats", "3", "--json",
+               "--decode-context", str(args.decode_context)]
+        if args.flash_attn:
+            cmd.append("--flash-attn")
         for rec in run_json_lines(cmd):
             if "tokens_per_s" in rec and rec["tokens_per_s"] is not None:
                 peer[key(rec)].append(rec["tokens_per_s"])
@@ -69,8 +77,10 @@ def main():
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     model_bytes = __import__("os").path.getsize(args.model)
-    print("| threads | measurement | tandem | llama.cpp | tandem / llama.cpp | vs limit |")
-    print("|---|---|---|---|---|---|")
+    print("| threads | measurement | tandem | llama.cpp | tandem / llama.cpp | vs limit "
+          "| tandem min-max | llama.cpp min-max |")
+    print("|---|---|---|---|---|---|---|---|")
+    rng = lambda v: f"{min(v):.1f}-{max(v):.1f}" if v else "n/a"
     rows = []
     for k in sorted(ours):
         threads, metric, size = k
@@ -80,16 +90,21 @@ def main():
         if metric == "decode" and size == 1 and limits.get((threads, "read_bandwidth_gbps")):
             bw = statistics.median(limits[(threads, "read_bandwidth_gbps")])
             limit = f"{a / (bw * 1e9 / model_bytes):.2f} of {bw * 1e9 / model_bytes:.0f} tok/s (bandwidth {bw:.1f} GB/s)"
-        if metric == "prefill" and limits.get((threads, "peak_fp32_gflops")):
-            peak = statistics.median(limits[(threads, "peak_fp32_gflops")])
+        if metric == "prefill" and limits.get((threads, "peak_int8_gops")) and gflops.get(k):
+            peak = statistics.median(limits[(threads, "peak_int8_gops")])
             g = statistics.median(gflops[k])
-            limit = f"{g:.0f} GFLOP/s = {g / peak:.2f} of fp32 FMA peak {peak:.0f} GFLOP/s"
-        name = {"prefill": f"prefill {size} tok/s", "decode": f"decode batch {size} tok/s"}.get(
+            if peak > 0:
+                limit = (f"matmuls {g:.0f} GOPS = {g / peak:.2f} of int8 dot-product peak "
+                         f"{peak:.0f} GOPS")
+        name = {"prefill": f"prefill {size} tok/s",
+                "decode": f"decode batch {size} ctx {args.decode_context} tok/s"}.get(
             metric, metric)
         ratio = f"{a / b:.2f}x" if b else "n/a"
         bs = f"{b:.1f}" if b else "n/a"
-        print(f"| {threads} | {name} | {a:.1f} | {bs} | {ratio} | {limit} |")
-        rows.append({"threads": threads, "metric": metric, "size": size, "tandem": a, "llama_cpp": b})
+        print(f"| {threads} | {name} | {a:.1f} | {bs} | {ratio} | {limit} "
+              f"| {rng(ours[k])} | {rng(peer.get(k))} |")
+        rows.append({"threads": threads, "metric": metric, "size": size, "tandem": a, "llama_cpp": b,
+                     "tandem_rounds": ours[k], "llama_cpp_rounds": peer.get(k, [])})
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"rows": rows, "limits": {f"{k[0]}:{k[1]}": v for k, v in limits.items()}}, f, indent=1)

@@ -102,6 +102,33 @@ __attribute__((target("avx2,fma"))) double FmaLoop256(int64_t iters) {
   return s;
 }
 
+// Peak int8 dot-product throughput (what prefill's quantized matmuls run on): independent
+// vpdpbusd chains, 64 multiply-adds (128 ops) per instruction. 0 without AVX-512 VNNI.
+__attribute__((target("avx512f,avx512vnni"))) double VnniLoop(int64_t iters) {
+  __m512i a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+  const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], u, s);
+  int64_t sum = 0;
+  for (int i = 0; i < 12; ++i) sum += _mm512_reduce_add_epi32(a[i]);
+  return static_cast<double>(sum);
+}
+
+double MeasurePeakInt8Ops(tandem::ThreadPool& pool) {
+  if (!tandem::kernels::DetectedCpuFeatures().avx512) return 0;
+  const int64_t iters = 20'000'000;
+  std::vector<double> best;
+  double sink = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    pool.RunOnAll([&](int) { sink += VnniLoop(iters); });
+    best.push_back(Since(t0));
+  }
+  if (sink == 12345.678) std::puts("");
+  return 12.0 * 128 * iters * pool.num_threads() / *std::min_element(best.begin(), best.end());
+}
+
 double MeasurePeakFlops(tandem::ThreadPool& pool) {
   const bool avx512 = tandem::kernels::DetectedCpuFeatures().avx512;
   const int64_t iters = 20'000'000;
@@ -157,11 +184,12 @@ int main(int argc, char** argv) {
     }
     Engine& eng = **loaded;
     const auto& cfg = eng.config();
-    // Matrix parameters touched per token (all layers + output head), for FLOP counts.
-    const double params = static_cast<double>(cfg.n_layers) *
-                              (2.0 * cfg.dim * cfg.q_dim() + 2.0 * cfg.dim * cfg.kv_dim() +
-                               3.0 * cfg.dim * cfg.ffn_dim) +
-                          static_cast<double>(cfg.vocab_size) * cfg.dim;
+    // Matrix parameters touched per token: every layer's, and the output head's (which a prompt
+    // needs for its last token only), for operation counts.
+    const double layer_params = static_cast<double>(cfg.n_layers) *
+                                (2.0 * cfg.dim * cfg.q_dim() + 2.0 * cfg.dim * cfg.kv_dim() +
+                                 3.0 * cfg.dim * cfg.ffn_dim);
+    const double head_params = static_cast<double>(cfg.vocab_size) * cfg.dim;
     if (limits) {
       Emit({{"engine", "machine"},
             {"threads", nt},
@@ -171,6 +199,10 @@ int main(int argc, char** argv) {
             {"threads", nt},
             {"metric", "peak_fp32_gflops"},
             {"value", MeasurePeakFlops(eng.pool()) / 1e9}});
+      Emit({{"engine", "machine"},
+            {"threads", nt},
+            {"metric", "peak_int8_gops"},
+            {"value", MeasurePeakInt8Ops(eng.pool()) / 1e9}});
     }
     std::vector<float> logits;
     for (int len : prompt_lens) {
@@ -196,7 +228,8 @@ int main(int argc, char** argv) {
             {"metric", "prefill"},
             {"prompt_len", len},
             {"tokens_per_s", tps},
-            {"gflops", tps * 2 * params / 1e9}});
+            // Quantized-matmul work per second (int8 dot products; attention not counted).
+            {"matmul_gops", tps * 2 * (layer_params + head_params / len) / 1e9}});
     }
     for (int batch : batches) {
       const int prompt_len = decode_context;

@@ -7,14 +7,15 @@ thread count:
   * prefill tokens/s for each prompt length: a fixed, deterministic token
     sequence of that length evaluated in a single llama_decode call
     (n_batch >= prompt length, n_ubatch 512), median over --repeats;
-  * decode tokens/s at batch 1: after a 128-token prompt, --decode-tokens
+  * decode tokens/s at batch 1: after a 128-token prompt (--decode-context; evaluated once,
+    each repeat rewinds to its end), --decode-tokens
     single-token steps through Llama.eval (logits of each step computed),
     median over --repeats;
   * decode tokens/s at batch 8 and 32 (--batches) with the low-level
     llama_batch / llama_decode API: B sequences, each with its own 128-token
     prompt (not timed), then --decode-tokens steps that each decode one token
     per sequence (B tokens per llama_decode, logits for all B), median over
-    --repeats.  tokens/s counts all B sequences' tokens;
+    --repeats (prompts evaluated once; each repeat drops the decoded positions).  tokens/s counts all B sequences' tokens;
   * peak RSS of the process (resource.getrusage ru_maxrss); each thread count
     runs in its own process, so the figures do not carry over.
 
@@ -102,10 +103,13 @@ def bench_prefill(llm, toks, repeats, warmup):
 
 
 def bench_decode_b1(llm, prompt, steps_toks, repeats, warmup):
+    # The prompt is evaluated once; each repeat rewinds to its end (Llama.eval drops the cache
+    # past n_tokens first), so long decode contexts are not re-prefilled every repeat.
     times = []
+    llm.reset()
+    llm.eval(prompt)
     for r in range(warmup + repeats):
-        llm.reset()
-        llm.eval(prompt)
+        llm.n_tokens = len(prompt)
         t0 = time.perf_counter()
         for t in steps_toks:
             llm.eval([t])
@@ -127,19 +131,21 @@ def batch_set(batch, entries):
     batch.n_tokens = len(entries)
 
 
-def bench_decode_batched(llm, B, threads, stream, n_steps, repeats, warmup):
-    """B sequences, 128-token prompt each, then n_steps steps of B tokens."""
+def bench_decode_batched(llm, B, threads, stream, n_steps, repeats, warmup,
+                         prompt_len=DECODE_PROMPT_LEN, flash_attn=False):
+    """B sequences, prompt_len-token prompt each, then n_steps steps of B tokens."""
     cp = llama_cpp.llama_context_default_params()
     # llama.cpp pads n_ctx to a multiple of 256 and splits it evenly between
     # sequences; keep each sequence's share a multiple of 256.
-    per_seq = 256 * ((DECODE_PROMPT_LEN + n_steps + 1 + 255) // 256)
+    per_seq = 256 * ((prompt_len + n_steps + 1 + 255) // 256)
     cp.n_ctx = B * per_seq
-    cp.n_batch = max(B, DECODE_PROMPT_LEN)
+    cp.n_batch = max(B, prompt_len)
     cp.n_ubatch = min(512, cp.n_batch)
     cp.n_seq_max = B
     cp.n_threads = threads
     cp.n_threads_batch = threads
-    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # same as Llama() default
+    cp.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else
+                          llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)  # Llama() default: off
     cp.no_perf = True
     if hasattr(llama_cpp, "llama_init_from_model"):
         ctx = llama_cpp.llama_init_from_model(llm._model.model, cp)
@@ -147,23 +153,26 @@ def bench_decode_batched(llm, B, threads, stream, n_steps, repeats, warmup):
         ctx = llama_cpp.llama_new_context_with_model(llm._model.model, cp)
     if not ctx:
         raise RuntimeError("failed to create context with n_seq_max=%d" % B)
-    batch = llama_cpp.llama_batch_init(max(B, DECODE_PROMPT_LEN), 0, B)
+    batch = llama_cpp.llama_batch_init(max(B, prompt_len), 0, B)
     mem = llama_cpp.llama_get_memory(ctx)
     times = []
     try:
+        # Prompts (not timed), evaluated once: sequence s gets stream[s : s+prompt_len]. Each
+        # repeat first drops the previous repeat's decoded positions (>= prompt_len).
+        llama_cpp.llama_memory_clear(mem, True)
+        for s in range(B):
+            p = stream[s:s + prompt_len]
+            batch_set(batch, [(t, i, s, i == len(p) - 1) for i, t in enumerate(p)])
+            rc = llama_cpp.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError("llama_decode (prompt) returned %d" % rc)
         for r in range(warmup + repeats):
-            llama_cpp.llama_memory_clear(mem, True)
-            # Prompts (not timed): sequence s gets stream[s : s+128].
             for s in range(B):
-                p = stream[s:s + DECODE_PROMPT_LEN]
-                batch_set(batch, [(t, i, s, i == len(p) - 1) for i, t in enumerate(p)])
-                rc = llama_cpp.llama_decode(ctx, batch)
-                if rc != 0:
-                    raise RuntimeError("llama_decode (prompt) returned %d" % rc)
+                llama_cpp.llama_memory_seq_rm(mem, s, prompt_len, -1)
             t0 = time.perf_counter()
             for k in range(n_steps):
-                pos = DECODE_PROMPT_LEN + k
-                batch_set(batch, [(stream[DECODE_PROMPT_LEN + s + k], pos, s, True)
+                pos = prompt_len + k
+                batch_set(batch, [(stream[prompt_len + s + k], pos, s, True)
                                   for s in range(B)])
                 rc = llama_cpp.llama_decode(ctx, batch)
                 if rc != 0:
@@ -186,6 +195,10 @@ def main():
     ap.add_argument("--threads", type=parse_int_list, default=[1, 2])
     ap.add_argument("--prompt-lengths", type=parse_int_list, default=[128, 512, 2048])
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--decode-context", type=int, default=DECODE_PROMPT_LEN,
+                    help="prompt tokens in the cache before the timed decode steps")
+    ap.add_argument("--flash-attn", action="store_true",
+                    help="enable llama.cpp flash attention (default: off, as Llama())")
     ap.add_argument("--batches", type=parse_int_list, default=[8, 32],
                     help="batched-decode sizes (low-level API); empty string to skip")
     ap.add_argument("--repeats", type=int, default=3)
@@ -202,8 +215,11 @@ def main():
                     "--threads", str(T),
                     "--prompt-lengths", ",".join(map(str, args.prompt_lengths)),
                     "--decode-tokens", str(args.decode_tokens),
+                    "--decode-context", str(args.decode_context),
                     "--batches", ",".join(map(str, args.batches)),
                     "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+            if args.flash_attn:
+                argv.append("--flash-attn")
             if args.json:
                 argv.append("--json")
             elif i > 0:
@@ -212,7 +228,8 @@ def main():
         sys.exit(rc)
 
     emit = Emitter(args.json)
-    max_prompt = max(args.prompt_lengths + [DECODE_PROMPT_LEN])
+    P = args.decode_context
+    max_prompt = max(args.prompt_lengths + [P])
     n_ctx = max_prompt + args.decode_tokens + 64
     max_b = max(args.batches) if args.batches else 1
 
@@ -225,8 +242,9 @@ def main():
     for T in args.threads:
         llm = llama_cpp.Llama(model_path=args.model, n_ctx=n_ctx, n_batch=max_prompt,
                               n_ubatch=512, n_threads=T, n_threads_batch=T,
-                              logits_all=False, verbose=False, seed=1234)
-        need = max(max_prompt, DECODE_PROMPT_LEN + args.decode_tokens + max_b)
+                              logits_all=False, verbose=False, seed=1234,
+                              flash_attn=args.flash_attn)
+        need = max(max_prompt, P + args.decode_tokens + max_b)
         stream = token_stream(llm, need)
         common = dict(base, threads=T)
 
@@ -236,10 +254,10 @@ def main():
                       tokens_per_s=round(L / med, 2), median_s=round(med, 5),
                       repeats=args.repeats, n_batch=max_prompt, n_ubatch=512))
 
-        prompt = stream[:DECODE_PROMPT_LEN]
-        steps = stream[DECODE_PROMPT_LEN:DECODE_PROMPT_LEN + args.decode_tokens]
+        prompt = stream[:P]
+        steps = stream[P:P + args.decode_tokens]
         med, _ = bench_decode_b1(llm, prompt, steps, args.repeats, args.warmup)
-        emit(dict(common, metric="decode", batch=1, prompt_len=DECODE_PROMPT_LEN,
+        emit(dict(common, metric="decode", batch=1, prompt_len=P,
                   decode_tokens=args.decode_tokens,
                   tokens_per_s=round(args.decode_tokens / med, 2),
                   median_s=round(med, 5), repeats=args.repeats, api="Llama.eval"))
@@ -249,8 +267,8 @@ def main():
         for B in args.batches:
             try:
                 med, _ = bench_decode_batched(llm, B, T, stream, args.decode_tokens,
-                                              args.repeats, args.warmup)
-                emit(dict(common, metric="decode", batch=B, prompt_len=DECODE_PROMPT_LEN,
+                                              args.repeats, args.warmup, P, args.flash_attn)
+                emit(dict(common, metric="decode", batch=B, prompt_len=P,
                           decode_tokens=args.decode_tokens,
                           tokens_per_s=round(B * args.decode_tokens / med, 2),
                           median_s=round(med, 5), repeats=args.repeats,
