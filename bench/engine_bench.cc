@@ -186,9 +186,9 @@ int main(int argc, char** argv) {
     const auto& cfg = eng.config();
     // Matrix parameters touched per token: every layer's, and the output head's (which a prompt
     // needs for its last token only), for operation counts.
-    const double layer_params = static_cast<double>(cfg.n_layers) *
-                                (2.0 * cfg.dim * cfg.q_dim() + 2.0 * cfg.dim * cfg.kv_dim() +
-                                 3.0 * cfg.dim * cfg.ffn_dim);
+    const double layer_params =
+        static_cast<double>(cfg.n_layers) *
+        (2.0 * cfg.dim * cfg.q_dim() + 2.0 * cfg.dim * cfg.kv_dim() + 3.0 * cfg.dim * cfg.ffn_dim);
     const double head_params = static_cast<double>(cfg.vocab_size) * cfg.dim;
     if (limits) {
       Emit({{"engine", "machine"},
