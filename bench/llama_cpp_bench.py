@@ -5,8 +5,8 @@ Meant to be run side by side with tandem's own benchmark.  Measures, for each
 thread count:
 
   * prefill tokens/s for each prompt length: a fixed, deterministic token
-    sequence of that length evaluated in a single llama_decode call
-    (n_batch >= prompt length, n_ubatch 512), median over --repeats;
+    sequence of that length evaluated in one llama_decode call up to 8,192 tokens
+    (n_batch = prompt length, n_ubatch 512), in calls of 8,192 beyond, median over --repeats;
   * decode tokens/s at batch 1: after a 128-token prompt (--decode-context; evaluated once,
     each repeat rewinds to its end), --decode-tokens
     single-token steps through Llama.eval (logits of each step computed),
@@ -42,6 +42,7 @@ import time
 import llama_cpp
 
 DECODE_PROMPT_LEN = 128
+MAX_N_BATCH = 8192
 
 TEXT = (
     "A transformer language model processes text as a sequence of tokens. Each token is "
@@ -240,7 +241,10 @@ def main():
             llama_cpp.llama_print_system_info().decode().strip()), flush=True)
 
     for T in args.threads:
-        llm = llama_cpp.Llama(model_path=args.model, n_ctx=n_ctx, n_batch=max_prompt,
+        # n_batch bounds llama-cpp-python's logits buffer (n_batch x vocab floats): past 8,192
+        # tokens a prompt goes in several llama_decode calls of 8,192 (each of 512-token ubatches).
+        n_batch = min(max_prompt, MAX_N_BATCH)
+        llm = llama_cpp.Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_batch,
                               n_ubatch=512, n_threads=T, n_threads_batch=T,
                               logits_all=False, verbose=False, seed=1234,
                               flash_attn=args.flash_attn)
@@ -252,7 +256,7 @@ def main():
             med, all_t = bench_prefill(llm, stream[:L], args.repeats, args.warmup)
             emit(dict(common, metric="prefill", prompt_len=L,
                       tokens_per_s=round(L / med, 2), median_s=round(med, 5),
-                      repeats=args.repeats, n_batch=max_prompt, n_ubatch=512))
+                      repeats=args.repeats, n_batch=n_batch, n_ubatch=512))
 
         prompt = stream[:P]
         steps = stream[P:P + args.decode_tokens]
