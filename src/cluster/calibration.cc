@@ -133,8 +133,8 @@ StatusOr<conductor::CostModel> Calibrate(engine::Engine& e, const CalibrationOpt
       // windows do not fit the arena is skipped like one whose blocks do not fit the cache.
       ok = kv.AttachWindow(tables[b], int64_t{kv.WindowStartBlock(ctx)} * bt, ctx + 1).ok();
     }
-    Status st;
     double best = 1e30;
+    Status st;
     for (int r = 0; ok && r < std::max(2, o.repeats + 1) && st.ok(); ++r) {
       const auto start = Clock::now();
       st = e.transformer().Forward(items, kv, &logits);

@@ -142,13 +142,22 @@ int PagedKvCache::WindowStartBlock(int64_t pos) const {
   return static_cast<int>(start / shape_.block_tokens);
 }
 
-Status PagedKvCache::AttachWindow(std::span<const int32_t> table, int64_t first_pos,
-                                  int64_t end_pos) {
-  if (n_sliding_ == 0 || end_pos <= first_pos) return OkStatus();
-  const int first = static_cast<int>(first_pos / shape_.block_tokens);
+int PagedKvCache::MissingWindows(std::span<const int32_t> table, int64_t first_pos,
+                                 int64_t end_pos) const {
+  if (n_sliding_ == 0 || end_pos <= first_pos) return 0;
   const int end = std::min(BlocksFor(end_pos), static_cast<int>(table.size()));
   int need = 0;
-  for (int i = first; i < end; ++i) need += window_of_[table[i]] < 0;
+  for (int i = static_cast<int>(first_pos / shape_.block_tokens); i < end; ++i)
+    need += window_of_[table[i]] < 0;
+  return need;
+}
+
+Status PagedKvCache::AttachWindow(std::span<const int32_t> table, int64_t first_pos,
+                                  int64_t end_pos) {
+  const int need = MissingWindows(table, first_pos, end_pos);
+  if (need == 0) return OkStatus();
+  const int first = static_cast<int>(first_pos / shape_.block_tokens);
+  const int end = std::min(BlocksFor(end_pos), static_cast<int>(table.size()));
   if (need > num_free_window()) {
     return ResourceExhausted("KV window arena: " + std::to_string(need) + " blocks wanted, " +
                              std::to_string(num_free_window()) + " free");

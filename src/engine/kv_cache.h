@@ -157,6 +157,8 @@ class PagedKvCache {
   // Lends window blocks to the blocks of `table` covering positions [first_pos, end_pos) that
   // have none (about to be written). All or nothing: ResourceExhausted when too few are free.
   Status AttachWindow(std::span<const int32_t> table, int64_t first_pos, int64_t end_pos);
+  // How many window blocks AttachWindow(table, first_pos, end_pos) would lend.
+  int MissingWindows(std::span<const int32_t> table, int64_t first_pos, int64_t end_pos) const;
   // Takes back the window blocks of the blocks of `table` that lie wholly before the window of
   // a query at next_pos, where `table` is their only active holder: a block's references less
   // passive_refs(block) (holders that read no window, e.g. the prefix cache; null: none) must

@@ -116,9 +116,9 @@ void Transformer::PostNorm(const std::vector<float>& w, int64_t tokens) {
 // summation noise of each other (the rounding error, 2^-11 relative, is below what the fp16
 // keys already carry).
 void Transformer::RoundQueriesToFp16(int64_t n) {
-  ParallelRows(n / 4096 + 1, [&](int64_t b, int64_t e) {
-    const int64_t end = std::min(n, e * 4096);
-    kernels::RoundToFp16(&q_[b * 4096], end - b * 4096);
+  constexpr int64_t kChunk = 4096;  // values per parallel task
+  ParallelRows((n + kChunk - 1) / kChunk, [&](int64_t b, int64_t e) {
+    kernels::RoundToFp16(&q_[b * kChunk], std::min(n, e * kChunk) - b * kChunk);
   });
 }
 

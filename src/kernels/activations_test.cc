@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -54,6 +55,20 @@ float GeluDefinition(float x) {
   return Fp16ToFp32(Fp32ToFp16(g));
 }
 
+// Runs check under every instruction set this CPU has (forced, then restored), traced by name;
+// returns how many ran.
+int ForEachIsa(const std::function<void(const char*)>& check) {
+  int ran = 0;
+  for (const char* isa : {"scalar", "avx2", "avx512"}) {
+    ScopedIsa forced(isa);
+    if (!forced.ok()) continue;
+    ++ran;
+    SCOPED_TRACE(isa);
+    check(isa);
+  }
+  return ran;
+}
+
 TEST(ActivationsTest, GeluMulIsExactOnEveryPath) {
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> u(-12.0f, 12.0f);
@@ -62,16 +77,11 @@ TEST(ActivationsTest, GeluMulIsExactOnEveryPath) {
   for (auto& x : g) x = u(rng);
   for (auto& x : up) x = u(rng) / 4;
   g[0] = -10.0f, g[1] = 10.0f, g[2] = 0.0f, g[3] = -9.999f, g[4] = 9.999f, g[5] = 1e-8f;
-  int compared = 0;
-  for (const char* isa : {"scalar", "avx2", "avx512"}) {
-    ScopedIsa forced(isa);
-    if (!forced.ok()) continue;
-    ++compared;
-    SCOPED_TRACE(isa);
+  const int compared = ForEachIsa([&](const char*) {
     std::vector<float> a = g;
     GeluMul(a.data(), up.data(), n);
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i], GeluDefinition(g[i]) * up[i]) << g[i];
-  }
+  });
   EXPECT_GE(compared, 1);
 }
 
@@ -87,12 +97,7 @@ TEST(ActivationsTest, RoundToFp16IsExactOnEveryPath) {
   }
   x[0] = 65520.0f, x[1] = 65519.0f, x[2] = -0.0f, x[3] = 1.0f + 1.0f / 2048;  // inf, max, tie
   x[4] = std::nanf(""), x[5] = 5.9604645e-8f, x[6] = 2.9802322e-8f;           // NaN, subnormals
-  int compared = 0;
-  for (const char* isa : {"scalar", "avx2", "avx512"}) {
-    ScopedIsa forced(isa);
-    if (!forced.ok()) continue;
-    ++compared;
-    SCOPED_TRACE(isa);
+  const int compared = ForEachIsa([&](const char*) {
     std::vector<float> a = x;
     RoundToFp16(a.data(), static_cast<int64_t>(a.size()));
     for (size_t i = 0; i < x.size(); ++i) {
@@ -103,7 +108,7 @@ TEST(ActivationsTest, RoundToFp16IsExactOnEveryPath) {
         ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(want)) << x[i];
       }
     }
-  }
+  });
   EXPECT_GE(compared, 1);
 }
 

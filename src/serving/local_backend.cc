@@ -408,12 +408,7 @@ class LocalBackendImpl final : public LocalBackend {
     Status st = kv_.AttachWindow(table, first_pos, end_pos);
     if (st.code() != StatusCode::kResourceExhausted) return st;
     auto missing = [&] {
-      int need = 0;
-      for (int i = static_cast<int>(first_pos / block_tokens_);
-           i < std::min<int>(kv_.BlocksFor(end_pos), static_cast<int>(table.size())); ++i) {
-        need += kv_.HasWindow(table[i]) ? 0 : 1;
-      }
-      return need - kv_.num_free_window();
+      return kv_.MissingWindows(table, first_pos, end_pos) - kv_.num_free_window();
     };
     prefix_cache_.EvictWindows(missing());
     if (missing() > 0) {
