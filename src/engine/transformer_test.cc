@@ -377,13 +377,14 @@ TEST(TransformerTest, ScatteredBlocksAndChunksEqualContiguous) {
   }
 }
 
-// The attention kernel's vector path against the portable one, through a whole forward pass.
-// Skipped where the CPU has no AVX-512 (both runs would take the portable path); the forced
+// The attention kernel's vector paths against the portable one, through a whole forward pass.
+// Skipped where the CPU has no vector path (every run would take the portable one); the forced
 // instruction set is restored however the test ends.
 TEST(TransformerTest, AttentionIsaPathsAgree) {
+  int compared = 0;
   for (testing::TinyLlamaSpec spec : BothFamilies()) {
     SCOPED_TRACE(spec.gemma3 ? "gemma3" : "llama");
-    spec.dim = 128;            // head_dim 32; the vector path needs 16-token blocks
+    spec.dim = 128;            // head_dim 32; the vector paths need 16-token blocks
     spec.sliding_window = 20;  // a window that starts inside a block
     // Float matrices: no 8-bit activation rounding to turn summation-order noise into steps of
     // a whole quantum (with Q4_1 a flip moves Gemma's logits by 0.1).
@@ -397,16 +398,21 @@ TEST(TransformerTest, AttentionIsaPathsAgree) {
       ASSERT_TRUE(forced.ok());
       scalar = f.RunAlone(tokens, {}, Range(0, 5));
     }
-    kernels::ScopedIsa forced("avx512");
-    if (!forced.ok()) GTEST_SKIP() << "no AVX-512 on this CPU";
-    const auto vec = f.RunAlone(tokens, {}, Range(0, 5));
-    // Relative to the largest logit: float summation order alone gives ~1e-7 (Llama, 8e-8
-    // measured); Gemma's fp16 roundings (queries, GELU input) turn some of that into 2^-11
-    // steps of single elements (4e-7 measured). A wrong mask or block is orders larger.
     float largest = 0;
     for (float z : scalar) largest = std::max(largest, std::fabs(z));
-    EXPECT_LT(MaxAbsDiff(scalar, vec), 2e-6f * largest);
+    for (const char* isa : {"avx2", "avx512"}) {
+      kernels::ScopedIsa forced(isa);
+      if (!forced.ok()) continue;
+      SCOPED_TRACE(isa);
+      ++compared;
+      const auto vec = f.RunAlone(tokens, {}, Range(0, 5));
+      // Relative to the largest logit: float summation order alone gives ~1e-7 (Llama, 8e-8
+      // measured); Gemma's fp16 roundings (queries, GELU input) turn some of that into 2^-11
+      // steps of single elements (4e-7 measured). A wrong mask or block is orders larger.
+      EXPECT_LT(MaxAbsDiff(scalar, vec), 2e-6f * largest);
+    }
   }
+  if (compared == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
 }
 
 // Sliding layers keep KV only for the window: a long sequence whose window storage is taken

@@ -417,9 +417,8 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace avx2
 
 const IsaImpl* Avx2Isa() {
-  // No AVX2 attention or activation kernels yet: those entries are the scalar ones.
-  static const IsaImpl impl{"avx2",        avx2::ActRowBytes, avx2::QuantizeAct, avx2::Gemm,
-                            SiluMulScalar, GeluMulScalar,     RoundToFp16Scalar, AttendTileScalar};
+  static const IsaImpl impl{"avx2",      avx2::ActRowBytes, avx2::QuantizeAct, avx2::Gemm,
+                            SiluMulAvx2, GeluMulAvx2,       RoundToFp16Avx2,   AttendTileAvx2};
   return &impl;
 }
 

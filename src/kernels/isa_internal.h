@@ -56,6 +56,9 @@ struct AttentionRowState {
 };
 constexpr int kMaxAttentionRows = kMaxAttentionTile * kMaxAttentionGroup;
 
+void SiluMulAvx2(float* gate, const float* up, int64_t n);
+void GeluMulAvx2(float* gate, const float* up, int64_t n);
+void RoundToFp16Avx2(float* x, int64_t n);
 void SiluMulAvx512(float* gate, const float* up, int64_t n);
 void GeluMulAvx512(float* gate, const float* up, int64_t n);
 void RoundToFp16Avx512(float* x, int64_t n);
@@ -63,6 +66,8 @@ void RoundToFp16Avx512(float* x, int64_t n);
 const float* GeluTable();
 void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
+void AttendTileAvx2(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                    int64_t q_stride, float* out, int64_t out_stride);
 void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
 
