@@ -1,0 +1,236 @@
+// PoolMasterServer: MasterState behind HTTP + JSON, one lock, a thread that collects lapsed
+// leases. Protocol (POST bodies and replies are JSON objects; errors {"error": "..."} with the
+// HTTP status of common/http_status.h):
+//   /pool/mount      {segment, node, capacity, ttl_ms}                 -> {}
+//   /pool/unmount    {segment}                                         -> {}
+//   /pool/put_start  {keys, size, replicas, node, ttl_ms}
+//                    -> {results: [{decision: "reserved"|"exists"|"no_space", locations}]}
+//   /pool/put_end    {keys, ok}                                        -> {}
+//   /pool/get        {keys, lease_ms}            -> {objects: [locations per prefix key]}
+//   /pool/exist      {keys}                                            -> {exist: [bool]}
+//   /pool/remove     {keys}                                            -> {removed: n}
+//   /pool/bad_replica {key, segment}                                   -> {}
+//   GET /pool/stats  -> {capacity, used, objects, segments: [...], counters: {...}}
+// A location is {segment, node, offset, size}.
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/http.h"
+#include "common/http_status.h"
+#include "common/logging.h"
+#include "common/mutex.h"
+#include "store/pool.h"
+#include "store/pool_protocol_internal.h"
+#include "transfer/metadata.h"
+
+namespace tandem::store {
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+
+class MasterServerImpl final : public PoolMasterServer {
+ public:
+  explicit MasterServerImpl(PoolMasterOptions options) : options_(options), state_(options.policy) {
+    Route("/pool/mount", [this](const json& b) { return Mount(b); });
+    Route("/pool/unmount", [this](const json& b) -> StatusOr<json> {
+      MutexLock lock(&mu_);
+      state_.Unmount(b.at("segment").get<std::string>());
+      return json::object();
+    });
+    Route("/pool/put_start", [this](const json& b) { return PutStart(b); });
+    Route("/pool/put_end", [this](const json& b) -> StatusOr<json> {
+      const auto keys = internal::KeysOf(b);
+      const auto ok = b.at("ok").get<std::vector<bool>>();
+      if (ok.size() != keys.size()) return InvalidArgument("keys and ok differ in length");
+      MutexLock lock(&mu_);
+      state_.PutEnd(keys, ok);
+      return json::object();
+    });
+    Route("/pool/get", [this](const json& b) -> StatusOr<json> {
+      const auto keys = internal::KeysOf(b);
+      const int64_t lease_ms = b.at("lease_ms").get<int64_t>();
+      if (lease_ms < 0 || lease_ms > 600000) return InvalidArgument("lease_ms not in 0..600000");
+      const Clock::time_point now = Clock::now();
+      MutexLock lock(&mu_);
+      json objects = json::array();
+      for (const auto& locs : state_.GetPrefix(keys, now, now + milliseconds(lease_ms))) {
+        objects.push_back(internal::LocationsToJson(locs));
+      }
+      return json{{"objects", std::move(objects)}};
+    });
+    Route("/pool/exist", [this](const json& b) -> StatusOr<json> {
+      const auto keys = internal::KeysOf(b);
+      MutexLock lock(&mu_);
+      return json{{"exist", state_.Exist(keys)}};
+    });
+    Route("/pool/remove", [this](const json& b) -> StatusOr<json> {
+      const auto keys = internal::KeysOf(b);
+      MutexLock lock(&mu_);
+      return json{{"removed", state_.Remove(keys, Clock::now())}};
+    });
+    Route("/pool/bad_replica", [this](const json& b) -> StatusOr<json> {
+      MutexLock lock(&mu_);
+      state_.ReportBadReplica(b.at("key").get<std::string>(), b.at("segment").get<std::string>());
+      return json::object();
+    });
+    server_.Get("/pool/stats", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(StatsJson().dump(), "application/json");
+    });
+  }
+
+  ~MasterServerImpl() override {
+    stop_ = true;
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+    if (expirer_.joinable()) expirer_.join();
+    if (metadata_) (void)metadata_->Delete(kMasterKey);  // best effort; the lease ends it anyway
+  }
+
+  Status Listen(const std::string& host, int port,
+                std::shared_ptr<transfer::MetadataStore> metadata) {
+    TANDEM_ASSIGN_OR_RETURN(
+        port_, BindHttpServer(server_, host, port, HttpServerSettings{}, "pool master"));
+    host_ = host;
+    thread_ = std::thread([this] {
+      server_.listen_after_bind();
+      loop_ended_ = true;
+    });
+    while (!server_.is_running() && !loop_ended_)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    expirer_ = std::thread([this] { ExpireLoop(); });
+    if (metadata) {
+      TANDEM_RETURN_IF_ERROR(metadata->Put(kMasterKey, uri()));
+      metadata_ = std::move(metadata);
+    }
+    GetLogger("pool")->info("pool master listening on {}", uri());
+    return OkStatus();
+  }
+
+  int port() const override { return port_; }
+  std::string uri() const override { return "http://" + host_ + ":" + std::to_string(port_); }
+
+  std::vector<SegmentUsage> Usage() const override {
+    MutexLock lock(&mu_);
+    return state_.Usage();
+  }
+  MasterCounters Counters() const override {
+    MutexLock lock(&mu_);
+    return state_.counters();
+  }
+
+ private:
+  using Handler = std::function<StatusOr<json>(const json&)>;
+
+  void Route(const char* path, Handler handler) {
+    server_.Post(path, [handler](const httplib::Request& req, httplib::Response& res) {
+      const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+      StatusOr<json> reply = InvalidArgument("request body must be a JSON object");
+      if (body.is_object()) {
+        try {
+          reply = handler(body);
+        } catch (const json::exception& e) {  // a field missing or of the wrong type
+          reply = InvalidArgument(std::string("bad request: ") + e.what());
+        }
+      }
+      res.status = HttpStatusFor(reply.status().code());
+      const json out = reply.ok() ? *reply : json{{"error", reply.status().message()}};
+      res.set_content(out.dump(), "application/json");
+    });
+  }
+
+  StatusOr<json> Mount(const json& b) {
+    const int64_t ttl_ms = b.at("ttl_ms").get<int64_t>();
+    const int64_t capacity = b.at("capacity").get<int64_t>();
+    if (ttl_ms <= 0 || ttl_ms > 600000) return InvalidArgument("ttl_ms not in 1..600000");
+    if (capacity <= 0) return InvalidArgument("capacity must be positive");
+    MutexLock lock(&mu_);
+    TANDEM_RETURN_IF_ERROR(
+        state_.Mount(b.at("segment").get<std::string>(), b.at("node").get<std::string>(),
+                     static_cast<uint64_t>(capacity), Clock::now() + milliseconds(ttl_ms)));
+    return json::object();
+  }
+
+  StatusOr<json> PutStart(const json& b) {
+    const auto keys = internal::KeysOf(b);
+    const int64_t size = b.at("size").get<int64_t>();
+    const int replicas = b.at("replicas").get<int>();
+    const int64_t ttl_ms = b.at("ttl_ms").get<int64_t>();
+    if (size <= 0) return InvalidArgument("size must be positive");
+    if (replicas < 1 || replicas > 16) return InvalidArgument("replicas not in 1..16");
+    if (ttl_ms <= 0 || ttl_ms > 600000) return InvalidArgument("ttl_ms not in 1..600000");
+    const Clock::time_point now = Clock::now();
+    MutexLock lock(&mu_);
+    json results = json::array();
+    for (const PutReservation& r :
+         state_.PutStart(keys, static_cast<uint64_t>(size), replicas,
+                         b.at("node").get<std::string>(), now, now + milliseconds(ttl_ms))) {
+      results.push_back({{"decision", internal::DecisionName(r.decision)},
+                         {"locations", internal::LocationsToJson(r.locations)}});
+    }
+    return json{{"results", std::move(results)}};
+  }
+
+  json StatsJson() const {
+    MutexLock lock(&mu_);
+    json segments = json::array();
+    for (const SegmentUsage& u : state_.Usage()) {
+      segments.push_back({{"name", u.name},
+                          {"node", u.node},
+                          {"capacity", u.capacity},
+                          {"used", u.used},
+                          {"objects", u.objects}});
+    }
+    const MasterCounters& c = state_.counters();
+    return json{{"capacity", state_.capacity()},
+                {"used", state_.used()},
+                {"objects", state_.visible_objects()},
+                {"segments", std::move(segments)},
+                {"counters",
+                 {{"puts_committed", c.puts_committed},
+                  {"puts_aborted", c.puts_aborted},
+                  {"puts_expired", c.puts_expired},
+                  {"puts_no_space", c.puts_no_space},
+                  {"puts_existing", c.puts_existing},
+                  {"get_hits", c.get_hits},
+                  {"get_misses", c.get_misses},
+                  {"evictions", c.evictions},
+                  {"replicas_lost", c.replicas_lost},
+                  {"objects_lost", c.objects_lost},
+                  {"removed", c.removed}}}};
+  }
+
+  void ExpireLoop() {
+    while (!stop_) {
+      std::this_thread::sleep_for(options_.expire_interval);
+      MutexLock lock(&mu_);
+      state_.Expire(Clock::now());
+    }
+  }
+
+  PoolMasterOptions options_;
+  mutable Mutex mu_;
+  MasterState state_ TANDEM_GUARDED_BY(mu_);
+  httplib::Server server_;
+  std::string host_;
+  int port_ = -1;
+  std::shared_ptr<transfer::MetadataStore> metadata_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> loop_ended_{false};
+  std::thread thread_;   // server_.listen_after_bind()
+  std::thread expirer_;  // ExpireLoop
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PoolMasterServer>> PoolMasterServer::Start(
+    const std::string& host, int port, PoolMasterOptions options,
+    std::shared_ptr<transfer::MetadataStore> metadata) {
+  if (port < 0 || port > 65535) return InvalidArgument("pool master port not in 0..65535");
+  auto server = std::make_unique<MasterServerImpl>(options);
+  TANDEM_RETURN_IF_ERROR(server->Listen(host, port, std::move(metadata)));
+  return std::unique_ptr<PoolMasterServer>(std::move(server));
+}
+
+}  // namespace tandem::store

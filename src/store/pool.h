@@ -1,0 +1,128 @@
+// The KV cache pool: a cluster-wide store of KV blocks in the spare DRAM of every worker (and of
+// standalone store processes), so that a prompt prefix computed anywhere is fetched instead of
+// recomputed. Mooncake Store's shape:
+//   - a master (PoolMasterServer; embedded in `tandem serve`) knows which segment holds which
+//     object; it is off the data path;
+//   - storage segments are transfer-engine segments (shared memory on a host, TCP across
+//     hosts), mounted with the master by their owner and kept by a heartbeat;
+//   - clients (PoolClient) ask the master where objects are (or where to write them) and move
+//     the bytes themselves with the transfer engine.
+//
+// Objects are KV blocks keyed by ObjectKey(namespace, prefix hash): the hash chain of
+// serving/block_keys.h, so a key stands for the whole prefix up to its block; the namespace
+// names the model and KV geometry, so incompatible workers never share.
+//
+//   PoolClientOptions o; o.engine = te; o.metadata = meta; o.node = "host-a";
+//   auto pool = PoolClient::Create(o);                       // finds the master in `meta`
+//   (*pool)->MountDram("prefill-0/pool", 256 << 20);         // contribute 256 MiB
+//   int n = *(*pool)->GetPrefix(keys, dests, block_bytes, deadline);   // leading hits, read
+//   (*pool)->Put(keys, srcs, block_bytes, deadline);          // offer computed blocks
+//
+// Every call has a deadline and ends in a clear status; a master that does not answer is
+// kUnavailable (callers recompute: the pool is a cache). Thread-safety: PoolClient is
+// thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "store/master_state.h"
+
+namespace tandem::transfer {
+class MetadataStore;
+class TransferEngine;
+}  // namespace tandem::transfer
+
+namespace tandem::store {
+
+// The metadata key under which the master publishes its HTTP address.
+inline constexpr const char* kMasterKey = "tandem/pool/master";
+
+// A namespace for the blocks of one model and KV layout: the model file's name, its layer
+// count, KV heads, head dimension, tokens per block and element type. Workers whose namespaces
+// differ never see each other's objects.
+std::string PoolNamespace(const std::string& model, int n_layers, int n_kv_heads, int head_dim,
+                          int block_tokens, const std::string& dtype);
+// The key of one block: namespace + "/" + its prefix hash (16 hex digits).
+std::string ObjectKey(const std::string& ns, uint64_t prefix_hash);
+
+struct PoolMasterOptions {
+  MasterOptions policy;
+  // How often lapsed leases and reservations are collected.
+  std::chrono::milliseconds expire_interval{200};
+};
+
+// The master behind HTTP (JSON bodies; the protocol is in docs/design/kv-pool.md). Publishes
+// "http://host:port" under kMasterKey in `metadata` when one is given (the key lives as long as
+// the metadata client's lease), so that clients find it and a restarted master replaces it.
+class PoolMasterServer {
+ public:
+  static StatusOr<std::unique_ptr<PoolMasterServer>> Start(
+      const std::string& host, int port, PoolMasterOptions options = {},
+      std::shared_ptr<transfer::MetadataStore> metadata = nullptr);
+  virtual ~PoolMasterServer() = default;
+  virtual int port() const = 0;
+  virtual std::string uri() const = 0;
+  // A snapshot of the policy's state (tests, metrics).
+  virtual std::vector<SegmentUsage> Usage() const = 0;
+  virtual MasterCounters Counters() const = 0;
+};
+
+struct PoolClientOptions {
+  // "http://host:port" of the master; empty: looked up under kMasterKey in `metadata` (again
+  // after every failed call, so a restarted master is found).
+  std::string master_uri;
+  std::shared_ptr<transfer::MetadataStore> metadata;
+  transfer::TransferEngine* engine = nullptr;  // moves the bytes; not owned, outlives the client
+  std::string node;                            // this host (replicas go to distinct nodes)
+  int replicas = 1;                            // per object, best effort
+  // Bound on each master call (within the caller's deadline), and how long a reader holds a
+  // lease on what it is fetching (at least the fetch's own deadline).
+  std::chrono::milliseconds rpc_timeout{1000};
+  // Segment heartbeat: the master drops a segment not renewed for `segment_ttl`.
+  std::chrono::milliseconds segment_ttl{5000};
+};
+
+struct PoolClientStats {
+  uint64_t get_calls = 0, hit_objects = 0, miss_calls = 0;  // miss: a GetPrefix with no hit
+  uint64_t bytes_fetched = 0;
+  double fetch_seconds = 0;     // wall time of the reads of every hit
+  uint64_t fetch_failures = 0;  // objects that could not be read (the prefix stopped there)
+  uint64_t put_objects = 0, put_existing = 0, put_no_space = 0, put_failures = 0;
+  uint64_t bytes_put = 0;
+  uint64_t master_unavailable = 0;  // calls that found no master
+};
+
+class PoolClient {
+ public:
+  static StatusOr<std::unique_ptr<PoolClient>> Create(PoolClientOptions options);
+  virtual ~PoolClient() = default;  // unmounts its segments (best effort)
+
+  // Allocates `bytes` of shared memory as transfer-engine segment `segment` and mounts it with
+  // the master for other clients' objects. A background heartbeat renews the mount (and
+  // re-mounts after a master restart). The mount succeeds even while no master answers.
+  virtual Status MountDram(const std::string& segment, uint64_t bytes) = 0;
+
+  // Reads the longest prefix of `keys` that the pool holds: object i (size bytes) into dests[i]
+  // (memory registered with the engine, e.g. a KV block). Returns how many leading objects were
+  // read (0 on a miss); an object that cannot be read ends the prefix there (counted; the bad
+  // replica is reported to the master). Unavailable when no master answers.
+  virtual StatusOr<int> GetPrefix(const std::vector<std::string>& keys,
+                                  const std::vector<void*>& dests, uint64_t size,
+                                  Clock::time_point deadline) = 0;
+  // Stores objects (size bytes each from srcs[i], registered memory) the pool does not hold
+  // yet; returns how many were newly stored. Objects that find no space are skipped (counted).
+  virtual StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,
+                            uint64_t size, Clock::time_point deadline) = 0;
+  virtual StatusOr<std::vector<bool>> Exist(const std::vector<std::string>& keys,
+                                            Clock::time_point deadline) = 0;
+  virtual Status Remove(const std::vector<std::string>& keys, Clock::time_point deadline) = 0;
+
+  virtual PoolClientStats Stats() const = 0;
+};
+
+}  // namespace tandem::store

@@ -1,0 +1,411 @@
+// PoolClient: master calls over HTTP, data over the transfer engine, a heartbeat for mounts.
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/http.h"
+#include "common/http_status.h"
+#include "common/logging.h"
+#include "common/mutex.h"
+#include "store/pool.h"
+#include "store/pool_protocol_internal.h"
+#include "transfer/metadata.h"
+#include "transfer/transfer_engine.h"
+
+namespace tandem::store {
+
+std::string PoolNamespace(const std::string& model, int n_layers, int n_kv_heads, int head_dim,
+                          int block_tokens, const std::string& dtype) {
+  return model + ":L" + std::to_string(n_layers) + ":H" + std::to_string(n_kv_heads) + "x" +
+         std::to_string(head_dim) + ":B" + std::to_string(block_tokens) + ":" + dtype;
+}
+
+std::string ObjectKey(const std::string& ns, uint64_t prefix_hash) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(prefix_hash));
+  return ns + "/" + hex;
+}
+
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+
+// "http://host:port" -> host, port.
+StatusOr<std::pair<std::string, int>> ParseHttpUri(const std::string& uri) {
+  const std::string scheme = "http://";
+  if (uri.rfind(scheme, 0) != 0) return InvalidArgument("pool master '" + uri + "' is not http://");
+  const std::string rest = uri.substr(scheme.size());
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return InvalidArgument("pool master '" + uri + "' has no port");
+  int port = 0;
+  try {
+    port = std::stoi(rest.substr(colon + 1));
+  } catch (const std::exception&) {
+    return InvalidArgument("pool master '" + uri + "' has a bad port");
+  }
+  return std::make_pair(rest.substr(0, colon), port);
+}
+
+class PoolClientImpl final : public PoolClient {
+ public:
+  explicit PoolClientImpl(PoolClientOptions o) : options_(std::move(o)), log_(GetLogger("pool")) {}
+
+  ~PoolClientImpl() override {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.NotifyAll();
+    if (heartbeat_.joinable()) heartbeat_.join();
+    const Clock::time_point deadline = Clock::now() + milliseconds(500);
+    std::vector<std::string> mounted;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [name, bytes] : mounts_) mounted.push_back(name);
+    }
+    for (const std::string& name : mounted) {
+      (void)Call("/pool/unmount", {{"segment", name}}, deadline);  // best effort: leases end it
+      (void)options_.engine->UnregisterSegment(name);
+    }
+    MutexLock lock(&mu_);
+    for (const auto& [name, handle] : handles_) (void)options_.engine->CloseSegment(handle);
+  }
+
+  Status MountDram(const std::string& segment, uint64_t bytes) override {
+    TANDEM_RETURN_IF_ERROR(options_.engine->AllocateSegment(segment, bytes).status());
+    {
+      MutexLock lock(&mu_);
+      mounts_[segment] = bytes;
+      if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    }
+    if (Status st = MountOne(segment, bytes, Clock::now() + options_.rpc_timeout); !st.ok()) {
+      log_->warn("pool segment {} not mounted yet (retrying): {}", segment, st.ToString());
+    }
+    return OkStatus();
+  }
+
+  StatusOr<int> GetPrefix(const std::vector<std::string>& keys, const std::vector<void*>& dests,
+                          uint64_t size, Clock::time_point deadline) override {
+    if (dests.size() != keys.size()) return InvalidArgument("keys and dests differ in length");
+    if (keys.empty()) return 0;
+    Count([](PoolClientStats& s) { ++s.get_calls; });
+    const auto lease =
+        std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1000);
+    TANDEM_ASSIGN_OR_RETURN(
+        json reply,
+        Call("/pool/get", {{"keys", keys}, {"lease_ms", std::max<int64_t>(0, lease.count())}},
+             deadline));
+    std::vector<std::vector<Location>> objects;
+    try {
+      for (const auto& o : reply.at("objects")) objects.push_back(internal::LocationsFromJson(o));
+    } catch (const json::exception& e) {
+      return Internal(std::string("pool master reply: ") + e.what());
+    }
+    if (objects.empty()) {
+      Count([](PoolClientStats& s) { ++s.miss_calls; });
+      return 0;
+    }
+    const Clock::time_point start = Clock::now();
+    // Every object from its first replica; an object whose read fails tries its next replica;
+    // the prefix ends at the first object no replica of which could be read.
+    std::vector<size_t> replica(objects.size(), 0);
+    std::vector<bool> done(objects.size(), false);
+    for (;;) {
+      std::vector<size_t> todo;
+      for (size_t i = 0; i < objects.size(); ++i) {
+        if (!done[i] && replica[i] < objects[i].size()) todo.push_back(i);
+      }
+      if (todo.empty()) break;
+      const std::vector<bool> ok = ReadObjects(objects, replica, todo, dests, size, deadline);
+      for (size_t t = 0; t < todo.size(); ++t) {
+        const size_t i = todo[t];
+        if (ok[t]) {
+          done[i] = true;
+        } else {
+          (void)Call("/pool/bad_replica",
+                     {{"key", keys[i]}, {"segment", objects[i][replica[i]].segment}}, deadline);
+          ++replica[i];
+        }
+      }
+      if (Clock::now() >= deadline) break;
+    }
+    int n = 0;
+    while (n < static_cast<int>(objects.size()) && done[n]) ++n;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const uint64_t failures = static_cast<uint64_t>(n < static_cast<int>(objects.size()));
+    Count([&](PoolClientStats& s) {
+      s.hit_objects += n;
+      s.bytes_fetched += static_cast<uint64_t>(n) * size;
+      s.fetch_seconds += seconds;
+      s.fetch_failures += failures;
+      if (n == 0) ++s.miss_calls;
+    });
+    return n;
+  }
+
+  StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,
+                    uint64_t size, Clock::time_point deadline) override {
+    if (srcs.size() != keys.size()) return InvalidArgument("keys and srcs differ in length");
+    if (keys.empty()) return 0;
+    const auto ttl = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    TANDEM_ASSIGN_OR_RETURN(json reply, Call("/pool/put_start",
+                                             {{"keys", keys},
+                                              {"size", size},
+                                              {"replicas", options_.replicas},
+                                              {"node", options_.node},
+                                              {"ttl_ms", std::max<int64_t>(1, ttl.count())}},
+                                             deadline));
+    std::vector<std::vector<Location>> targets(keys.size());
+    uint64_t existing = 0, no_space = 0;
+    try {
+      const auto& results = reply.at("results");
+      if (results.size() != keys.size()) return Internal("pool master answered for other keys");
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const std::string decision = results[i].at("decision").get<std::string>();
+        if (decision == "reserved") {
+          targets[i] = internal::LocationsFromJson(results[i].at("locations"));
+        } else if (decision == "exists") {
+          ++existing;
+        } else {
+          ++no_space;
+        }
+      }
+    } catch (const json::exception& e) {
+      return Internal(std::string("pool master reply: ") + e.what());
+    }
+    // Write every replica; an object is committed only if all its replicas landed.
+    std::vector<std::string> written_keys;
+    std::vector<bool> ok;
+    std::map<std::string, std::vector<std::pair<size_t, Location>>> by_segment;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (const Location& l : targets[i]) by_segment[l.segment].push_back({i, l});
+    }
+    std::vector<bool> landed(keys.size(), true);
+    for (const auto& [segment, items] : by_segment) {
+      auto handle = Open(segment);
+      std::vector<transfer::TransferRequest> reqs;
+      for (const auto& [i, l] : items) {
+        if (!handle.ok()) {
+          landed[i] = false;
+          continue;
+        }
+        reqs.push_back({transfer::OpCode::kWrite, srcs[i], *handle, l.offset, size});
+      }
+      if (!handle.ok() || reqs.empty()) continue;
+      const std::vector<bool> results = RunBatch(reqs, deadline);
+      for (size_t r = 0; r < items.size(); ++r) {
+        if (!results[r]) landed[items[r].first] = false;
+      }
+    }
+    uint64_t stored = 0, failed = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (targets[i].empty()) continue;
+      written_keys.push_back(keys[i]);
+      ok.push_back(landed[i]);
+      landed[i] ? ++stored : ++failed;
+    }
+    if (!written_keys.empty()) {
+      // If this call fails the reservations lapse at their deadline: nothing half-written shows.
+      (void)Call("/pool/put_end", {{"keys", written_keys}, {"ok", ok}}, deadline);
+    }
+    Count([&](PoolClientStats& s) {
+      s.put_objects += stored;
+      s.put_existing += existing;
+      s.put_no_space += no_space;
+      s.put_failures += failed;
+      s.bytes_put += stored * size;
+    });
+    return static_cast<int>(stored);
+  }
+
+  StatusOr<std::vector<bool>> Exist(const std::vector<std::string>& keys,
+                                    Clock::time_point deadline) override {
+    TANDEM_ASSIGN_OR_RETURN(json reply, Call("/pool/exist", {{"keys", keys}}, deadline));
+    try {
+      return reply.at("exist").get<std::vector<bool>>();
+    } catch (const json::exception& e) {
+      return Internal(std::string("pool master reply: ") + e.what());
+    }
+  }
+
+  Status Remove(const std::vector<std::string>& keys, Clock::time_point deadline) override {
+    return Call("/pool/remove", {{"keys", keys}}, deadline).status();
+  }
+
+  PoolClientStats Stats() const override {
+    MutexLock lock(&mu_);
+    return stats_;
+  }
+
+ private:
+  template <typename F>
+  void Count(F f) {
+    MutexLock lock(&mu_);
+    f(stats_);
+  }
+
+  // The master's address: the configured one, or the one published in the metadata service.
+  StatusOr<std::pair<std::string, int>> Master() {
+    if (!options_.master_uri.empty()) return ParseHttpUri(options_.master_uri);
+    if (!options_.metadata) return FailedPrecondition("no pool master and no metadata service");
+    auto uri = options_.metadata->Get(kMasterKey);
+    if (!uri.ok()) return Unavailable("no pool master published: " + uri.status().message());
+    return ParseHttpUri(*uri);
+  }
+
+  StatusOr<json> Call(const std::string& path, const json& body, Clock::time_point deadline) {
+    auto master = Master();
+    if (!master.ok()) {
+      Count([](PoolClientStats& s) { ++s.master_unavailable; });
+      return master.status();
+    }
+    const Clock::time_point until = std::min(deadline, Clock::now() + options_.rpc_timeout);
+    if (until <= Clock::now()) return DeadlineExceeded("pool call " + path + " out of time");
+    httplib::Client client(master->first, master->second);
+    SetHttpClientDeadline(client, until, options_.rpc_timeout, options_.rpc_timeout);
+    httplib::Result res = client.Post(path, body.dump(), "application/json");
+    if (!res) {
+      Count([](PoolClientStats& s) { ++s.master_unavailable; });
+      return Unavailable("pool master " + master->first + ":" + std::to_string(master->second) +
+                         " unreachable: " + httplib::to_string(res.error()));
+    }
+    json reply = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+    if (res->status != 200) {
+      const std::string why =
+          reply.is_object() && reply.contains("error") && reply["error"].is_string()
+              ? reply["error"].get<std::string>()
+              : res->body.substr(0, 200);
+      return Status(StatusCodeForHttp(res->status), "pool master " + path + ": " + why);
+    }
+    if (!reply.is_object()) return Internal("pool master " + path + " answered non-JSON");
+    return reply;
+  }
+
+  Status MountOne(const std::string& segment, uint64_t bytes, Clock::time_point deadline) {
+    return Call("/pool/mount",
+                {{"segment", segment},
+                 {"node", options_.node},
+                 {"capacity", bytes},
+                 {"ttl_ms", options_.segment_ttl.count()}},
+                deadline)
+        .status();
+  }
+
+  void HeartbeatLoop() {
+    for (;;) {
+      std::map<std::string, uint64_t> mounts;
+      {
+        MutexLock lock(&mu_);
+        cv_.WaitUntil(&mu_, Clock::now() + options_.segment_ttl / 3, [&] {
+          mu_.AssertHeld();
+          return stop_;
+        });
+        if (stop_) return;
+        mounts = mounts_;
+      }
+      for (const auto& [name, bytes] : mounts) {
+        (void)MountOne(name, bytes, Clock::now() + options_.rpc_timeout);  // retried next beat
+      }
+    }
+  }
+
+  StatusOr<transfer::SegmentHandle> Open(const std::string& segment) {
+    {
+      MutexLock lock(&mu_);
+      auto it = handles_.find(segment);
+      if (it != handles_.end()) return it->second;
+    }
+    TANDEM_ASSIGN_OR_RETURN(transfer::SegmentHandle h, options_.engine->OpenSegment(segment));
+    MutexLock lock(&mu_);
+    auto [it, inserted] = handles_.emplace(segment, h);
+    if (!inserted) (void)options_.engine->CloseSegment(h);  // another thread opened it first
+    return it->second;
+  }
+
+  void Forget(const std::string& segment) {
+    MutexLock lock(&mu_);
+    auto it = handles_.find(segment);
+    if (it == handles_.end()) return;
+    (void)options_.engine->CloseSegment(it->second);
+    handles_.erase(it);
+  }
+
+  // Runs one batch; per request whether it completed by the deadline.
+  std::vector<bool> RunBatch(const std::vector<transfer::TransferRequest>& reqs,
+                             Clock::time_point deadline) {
+    std::vector<bool> ok(reqs.size(), false);
+    auto batch = options_.engine->SubmitBatch(reqs, deadline);
+    if (!batch.ok()) return ok;
+    (void)options_.engine->WaitBatch(*batch);
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      ok[r] =
+          options_.engine->GetRequestStatus(*batch, r).state == transfer::TransferState::kCompleted;
+    }
+    (void)options_.engine->FreeBatch(*batch);
+    return ok;
+  }
+
+  // Reads objects[i] (its replica[i]) into dests[i] for i in todo; per todo entry, success.
+  std::vector<bool> ReadObjects(const std::vector<std::vector<Location>>& objects,
+                                const std::vector<size_t>& replica, const std::vector<size_t>& todo,
+                                const std::vector<void*>& dests, uint64_t size,
+                                Clock::time_point deadline) {
+    std::vector<bool> ok(todo.size(), false);
+    std::map<std::string, std::vector<size_t>> by_segment;  // segment -> indexes into todo
+    for (size_t t = 0; t < todo.size(); ++t) {
+      by_segment[objects[todo[t]][replica[todo[t]]].segment].push_back(t);
+    }
+    for (const auto& [segment, entries] : by_segment) {
+      auto handle = Open(segment);
+      if (!handle.ok()) continue;  // gone: these replicas fail
+      std::vector<transfer::TransferRequest> reqs;
+      bool sizes_match = true;
+      for (size_t t : entries) {
+        const Location& l = objects[todo[t]][replica[todo[t]]];
+        sizes_match = sizes_match && l.size == size;
+        reqs.push_back({transfer::OpCode::kRead, dests[todo[t]], *handle, l.offset, size});
+      }
+      if (!sizes_match) continue;  // another geometry under the same key: never read it
+      const std::vector<bool> results = RunBatch(reqs, deadline);
+      bool any_failed = false;
+      for (size_t r = 0; r < entries.size(); ++r) {
+        ok[entries[r]] = results[r];
+        any_failed = any_failed || !results[r];
+      }
+      if (any_failed) Forget(segment);  // reopen (the owner may have restarted)
+    }
+    return ok;
+  }
+
+  const PoolClientOptions options_;
+  std::shared_ptr<spdlog::logger> log_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ TANDEM_GUARDED_BY(mu_) = false;
+  std::map<std::string, uint64_t> mounts_ TANDEM_GUARDED_BY(mu_);  // segment -> bytes
+  std::map<std::string, transfer::SegmentHandle> handles_ TANDEM_GUARDED_BY(mu_);
+  PoolClientStats stats_ TANDEM_GUARDED_BY(mu_);
+  std::thread heartbeat_;  // HeartbeatLoop, started by the first MountDram
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(PoolClientOptions options) {
+  if (options.engine == nullptr) return InvalidArgument("the pool client needs a transfer engine");
+  if (options.master_uri.empty() && !options.metadata) {
+    return InvalidArgument("the pool client needs a master address or a metadata service");
+  }
+  if (!options.master_uri.empty())
+    TANDEM_RETURN_IF_ERROR(ParseHttpUri(options.master_uri).status());
+  if (options.replicas < 1) return InvalidArgument("replicas must be at least 1");
+  if (options.node.empty()) options.node = options.engine->local_name();
+  return std::unique_ptr<PoolClient>(new PoolClientImpl(std::move(options)));
+}
+
+}  // namespace tandem::store
