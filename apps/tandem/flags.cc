@@ -56,17 +56,38 @@ void AddTransferFlags(CLI::App* cmd, WorkerKnobs& k) {
                   "Cost model published for the conductor: auto (the saved profile for this model, "
                   "threads and CPU, else calibrate and save), calibrate, none, or a profile file")
       ->capture_default_str();
+  cmd->add_option("--kv-pool", k.kv_pool,
+                  "Share KV blocks through the cluster KV pool: prompts fetch what the local "
+                  "prefix cache lacks, finished requests offer their blocks (on, off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--pool-dram-mb", k.pool_dram_mb,
+                  "Shared memory each worker contributes to the KV pool (0: none)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
 }
 
 std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& k) {
-  return {"--block-tokens",          std::to_string(k.block_tokens),
-          "--max-num-seqs",          std::to_string(k.max_num_seqs),
-          "--max-batch-tokens",      std::to_string(k.max_batch_tokens),
-          "--max-waiting",           std::to_string(k.max_waiting),
-          "--drain-timeout-s",       Exact(k.drain_timeout_s),
-          "--transfer-protocols",    k.transfer_protocols,
-          "--kv-transfer-timeout-s", Exact(k.kv_transfer_timeout_s),
-          "--cost-profile",          k.cost_profile};
+  return {"--block-tokens",
+          std::to_string(k.block_tokens),
+          "--max-num-seqs",
+          std::to_string(k.max_num_seqs),
+          "--max-batch-tokens",
+          std::to_string(k.max_batch_tokens),
+          "--max-waiting",
+          std::to_string(k.max_waiting),
+          "--drain-timeout-s",
+          Exact(k.drain_timeout_s),
+          "--transfer-protocols",
+          k.transfer_protocols,
+          "--kv-transfer-timeout-s",
+          Exact(k.kv_transfer_timeout_s),
+          "--cost-profile",
+          k.cost_profile,
+          "--kv-pool",
+          k.kv_pool,
+          "--pool-dram-mb",
+          std::to_string(k.pool_dram_mb)};
 }
 
 }  // namespace tandem::app

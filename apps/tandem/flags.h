@@ -21,13 +21,15 @@ struct WorkerKnobs {
   std::string transfer_protocols = "shm,tcp";  // KV transfer protocols by preference
   double kv_transfer_timeout_s = 10;           // a KV push batch not landed by then fails
   std::string cost_profile = "auto";           // cluster/calibration.h LoadOrCalibrate
+  std::string kv_pool = "on";                  // use the cluster KV pool (cluster/worker.h)
+  int pool_dram_mb = 256;                      // DRAM each worker contributes to it
 
   bool operator==(const WorkerKnobs&) const = default;
 };
 
 // --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s.
 void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& knobs);
-// --transfer-protocols, --kv-transfer-timeout-s, --cost-profile.
+// --transfer-protocols, --kv-transfer-timeout-s, --cost-profile, --kv-pool, --pool-dram-mb.
 void AddTransferFlags(CLI::App* cmd, WorkerKnobs& knobs);
 // The command line that sets every field of `knobs` (what AddSchedulerFlags and
 // AddTransferFlags parse back into an equal struct).

@@ -19,6 +19,7 @@
 #include "model/model_config.h"
 #include "server/http_server.h"
 #include "serving/local_backend.h"
+#include "store/pool.h"
 #include "transfer/metadata.h"
 #include "worker_command.h"
 
@@ -354,6 +355,17 @@ int RunServe(const ServeFlags& f) {
   if (!metadata.ok()) {
     std::fprintf(stderr, "error: %s\n", metadata.status().ToString().c_str());
     return 1;
+  }
+  // The KV pool's master, embedded (workers find it in the metadata service).
+  std::unique_ptr<store::PoolMasterServer> pool_master;
+  if (f.knobs.kv_pool == "on" && f.spawn_workers) {
+    const std::string pool_host = f.host == "0.0.0.0" || f.host == "::" ? "127.0.0.1" : f.host;
+    auto started = store::PoolMasterServer::Start(pool_host, 0, {}, *metadata);
+    if (!started.ok()) {
+      std::fprintf(stderr, "error: KV pool master: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    pool_master = std::move(*started);
   }
   conductor::ConductorOptions co;
   co.metadata = *metadata;

@@ -97,6 +97,8 @@ int RunWorker(const WorkerFlags& f) {
   o.kv_transfer_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(f.knobs.kv_transfer_timeout_s * 1000));
   o.cost_profile = f.knobs.cost_profile;
+  o.kv_pool = f.knobs.kv_pool == "on";
+  o.pool_dram_bytes = static_cast<uint64_t>(f.knobs.pool_dram_mb) << 20;
   auto names = ParseProtocolList(f.knobs.transfer_protocols);
   if (!names.ok()) {
     std::fprintf(stderr, "error: %s\n", names.status().message().c_str());

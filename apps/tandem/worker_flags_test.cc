@@ -36,6 +36,8 @@ TEST(WorkerFlagsTest, ArgvParsesBackToTheSameFlags) {
   f.knobs.transfer_protocols = "tcp";
   f.knobs.kv_transfer_timeout_s = 2.5e-2;
   f.knobs.cost_profile = "none";
+  f.knobs.kv_pool = "off";
+  f.knobs.pool_dram_mb = 17;
   ASSERT_FALSE(f == WorkerFlags{});
   EXPECT_TRUE(Parse(WorkerArgv(f)) == f);
 }

@@ -81,6 +81,7 @@ json StatsJson(const serving::BackendStats& s) {
           {"kv_window_blocks_total", s.kv_window_blocks_total},
           {"kv_window_blocks_used", s.kv_window_blocks_used},
           {"prefix_cache_hit_tokens", s.prefix_cache_hit_tokens},
+          {"pool_hit_tokens", s.pool_hit_tokens},
           {"prompt_tokens", s.prompt_tokens},
           {"generated_tokens", s.generated_tokens},
           {"preemptions", s.preemptions},
@@ -98,6 +99,7 @@ serving::BackendStats StatsFrom(const json& j) {
   s.kv_window_blocks_total = j.value("kv_window_blocks_total", 0);
   s.kv_window_blocks_used = j.value("kv_window_blocks_used", 0);
   s.prefix_cache_hit_tokens = j.value("prefix_cache_hit_tokens", int64_t{0});
+  s.pool_hit_tokens = j.value("pool_hit_tokens", int64_t{0});
   s.prompt_tokens = j.value("prompt_tokens", int64_t{0});
   s.generated_tokens = j.value("generated_tokens", int64_t{0});
   s.preemptions = j.value("preemptions", int64_t{0});
@@ -179,9 +181,27 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
 }
 
 std::string WorkerStats::ToJson() const {
-  return json{{"backend", StatsJson(backend)},          {"kv_bytes_pushed", kv_bytes_pushed},
-              {"transfer_failures", transfer_failures}, {"transfer_timeouts", transfer_timeouts},
-              {"kv_wait_timeouts", kv_wait_timeouts},   {"cached_block_keys", cached_block_keys}}
+  const json p = {{"enabled", pool.enabled},
+                  {"lookups", pool.lookups},
+                  {"hit_objects", pool.hit_objects},
+                  {"miss_lookups", pool.miss_lookups},
+                  {"bytes_fetched", pool.bytes_fetched},
+                  {"fetch_seconds", pool.fetch_seconds},
+                  {"fetch_failures", pool.fetch_failures},
+                  {"put_objects", pool.put_objects},
+                  {"put_existing", pool.put_existing},
+                  {"put_no_space", pool.put_no_space},
+                  {"put_failures", pool.put_failures},
+                  {"bytes_put", pool.bytes_put},
+                  {"master_unavailable", pool.master_unavailable},
+                  {"dram_bytes", pool.dram_bytes}};
+  return json{{"backend", StatsJson(backend)},
+              {"kv_bytes_pushed", kv_bytes_pushed},
+              {"transfer_failures", transfer_failures},
+              {"transfer_timeouts", transfer_timeouts},
+              {"kv_wait_timeouts", kv_wait_timeouts},
+              {"cached_block_keys", cached_block_keys},
+              {"pool", p}}
       .dump();
 }
 
@@ -195,6 +215,23 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
     s.kv_wait_timeouts = j.value("kv_wait_timeouts", uint64_t{0});
     if (j.contains("cached_block_keys")) {
       s.cached_block_keys = j.at("cached_block_keys").get<std::vector<uint64_t>>();
+    }
+    if (j.contains("pool")) {
+      const json& p = j.at("pool");
+      s.pool.enabled = p.value("enabled", false);
+      s.pool.lookups = p.value("lookups", uint64_t{0});
+      s.pool.hit_objects = p.value("hit_objects", uint64_t{0});
+      s.pool.miss_lookups = p.value("miss_lookups", uint64_t{0});
+      s.pool.bytes_fetched = p.value("bytes_fetched", uint64_t{0});
+      s.pool.fetch_seconds = p.value("fetch_seconds", 0.0);
+      s.pool.fetch_failures = p.value("fetch_failures", uint64_t{0});
+      s.pool.put_objects = p.value("put_objects", uint64_t{0});
+      s.pool.put_existing = p.value("put_existing", uint64_t{0});
+      s.pool.put_no_space = p.value("put_no_space", uint64_t{0});
+      s.pool.put_failures = p.value("put_failures", uint64_t{0});
+      s.pool.bytes_put = p.value("bytes_put", uint64_t{0});
+      s.pool.master_unavailable = p.value("master_unavailable", uint64_t{0});
+      s.pool.dram_bytes = p.value("dram_bytes", uint64_t{0});
     }
     return s;
   });

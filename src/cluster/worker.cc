@@ -13,6 +13,7 @@
 
 #include "cluster/calibration.h"
 #include "cluster/kv_pusher.h"
+#include "cluster/pool_bridge.h"
 #include "common/http.h"
 #include "common/http_status.h"
 #include "common/logging.h"
@@ -194,7 +195,9 @@ class WorkerImpl final : public Worker {
       info_.cost = std::move(*cost);
     }
     info_.max_batch_tokens = o.scheduler.max_batch_tokens;
-    backend_ = serving::MakeLocalBackend(engine_.get(), o.scheduler);
+    serving::SchedulerOptions so = o.scheduler;
+    TANDEM_RETURN_IF_ERROR(StartPool(incarnation, &so));
+    backend_ = serving::MakeLocalBackend(engine_.get(), so);
 
     auto& kv = engine_->kv();
     info_.name = o.name;
@@ -228,6 +231,33 @@ class WorkerImpl final : public Worker {
 
   int port() const override { return port_; }
   const WorkerInfo& info() const override { return info_; }
+
+  // The KV pool client, its DRAM segment and the serving loop's bridge to it.
+  Status StartPool(int64_t incarnation, serving::SchedulerOptions* so) {
+    const WorkerOptions& o = options_;
+    if (!o.kv_pool || !o.scheduler.enable_prefix_cache) return OkStatus();
+    auto& kv = engine_->kv();
+    if (kv.shape().NumSlidingLayers() > 0) {
+      log_->info("KV pool not used: the model has sliding-window layers");
+      return OkStatus();
+    }
+    store::PoolClientOptions po;
+    po.metadata = metadata_;
+    po.engine = te_.get();
+    po.node = o.name;  // each worker process is a failure domain of its own
+    TANDEM_ASSIGN_OR_RETURN(pool_, store::PoolClient::Create(po));
+    if (o.pool_dram_bytes > 0) {
+      TANDEM_RETURN_IF_ERROR(pool_->MountDram(o.name + "." + std::to_string(incarnation) + "/pool",
+                                              o.pool_dram_bytes));
+    }
+    auto bridge = std::make_shared<PoolBridge>(
+        pool_.get(), &kv, std::filesystem::path(o.engine.model_path).filename().string(),
+        std::chrono::milliseconds(2000), std::chrono::milliseconds(2000));
+    log_->info("KV pool: namespace {}, {:.0f} MiB of DRAM contributed", bridge->ns(),
+               o.pool_dram_bytes / 1048576.0);
+    so->kv_pool = std::move(bridge);
+    return OkStatus();
+  }
   bool Run() override { return http_.listen_after_bind(); }
 
   void Stop(Clock::time_point deadline) override {
@@ -250,6 +280,23 @@ class WorkerImpl final : public Worker {
       s.transfer_timeouts = transfer_timeouts_.load();
       s.kv_wait_timeouts = kv_wait_timeouts_.load();
       s.cached_block_keys = backend_->CachedBlockKeys();
+      if (pool_) {
+        const store::PoolClientStats p = pool_->Stats();
+        s.pool = {true,
+                  p.get_calls,
+                  p.hit_objects,
+                  p.miss_calls,
+                  p.bytes_fetched,
+                  p.fetch_seconds,
+                  p.fetch_failures,
+                  p.put_objects,
+                  p.put_existing,
+                  p.put_no_space,
+                  p.put_failures,
+                  p.bytes_put,
+                  p.master_unavailable,
+                  options_.pool_dram_bytes};
+      }
       res.set_content(s.ToJson(), "application/json");
     });
     http_.Post("/v1/prefill", [this](const httplib::Request& req, httplib::Response& res) {
@@ -533,6 +580,7 @@ class WorkerImpl final : public Worker {
   std::unique_ptr<transfer::TransferEngine> te_;
   std::string segment_name_;
   std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<store::PoolClient> pool_;  // outlives backend_, whose loop calls it
   std::unique_ptr<serving::LocalBackend> backend_;
   WorkerInfo info_;
   httplib::Server http_;

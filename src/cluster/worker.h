@@ -47,6 +47,12 @@ struct WorkerOptions {
   // The cost model published for the conductor's predictions (calibration.h LoadOrCalibrate):
   // "auto", "calibrate", "none" or a profile file.
   std::string cost_profile = "auto";
+  // The cluster KV pool (store/pool.h; its master is found in the metadata service): prompts
+  // fetch what the local prefix cache lacks, finished sequences offer their blocks, and the
+  // worker contributes pool_dram_bytes of shared memory as a storage segment (0: none).
+  // Models with sliding-window layers do not use it yet.
+  bool kv_pool = true;
+  uint64_t pool_dram_bytes = uint64_t{256} << 20;
 };
 
 // Thread-safety: port() and info() are fixed once Start() returns (read them from any thread);

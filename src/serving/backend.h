@@ -93,7 +93,8 @@ struct BackendStats {
   // Sliding-window models: the window arena that holds the sliding layers' KV (0 otherwise).
   int kv_window_blocks_total = 0;
   int kv_window_blocks_used = 0;
-  int64_t prefix_cache_hit_tokens = 0;  // cumulative
+  int64_t prefix_cache_hit_tokens = 0;  // cumulative, from the local cache or the KV pool
+  int64_t pool_hit_tokens = 0;          // cumulative, the part read from the KV pool
   int64_t prompt_tokens = 0;            // cumulative, computed (not cached)
   int64_t generated_tokens = 0;         // cumulative
   int64_t preemptions = 0;              // cumulative

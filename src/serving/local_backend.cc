@@ -35,6 +35,7 @@ struct Sequence {
   int cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
   bool admitted_once = false;
   bool prompt_offered = false;  // prompt blocks given to the prefix cache
+  int pool_known = 0;           // leading blocks known to be in the KV pool (read from it)
   Clock::time_point first_scheduled{};
   Clock::time_point first_token{};
   std::optional<FinishReason> finish;
@@ -278,6 +279,7 @@ class LocalBackendImpl final : public LocalBackend {
     s.kv_window_blocks_total = kv_.num_window_blocks();
     s.kv_window_blocks_used = kv_window_used_.load();
     s.prefix_cache_hit_tokens = cache_hit_tokens_.load();
+    s.pool_hit_tokens = pool_hit_tokens_.load();
     s.prompt_tokens = prompt_tokens_.load();
     s.generated_tokens = generated_tokens_.load();
     s.preemptions = preemptions_.load();
@@ -433,7 +435,11 @@ class LocalBackendImpl final : public LocalBackend {
       if (options_.enable_prefix_cache && s.blocks.empty()) {
         // Reuse cached full blocks, leaving at least one token to compute (it yields logits).
         const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
-        s.blocks = prefix_cache_.Match(KeysOf(s, s.tokens.size()), max_blocks);
+        const auto keys = KeysOf(s, s.tokens.size());
+        s.blocks = prefix_cache_.Match(keys, max_blocks);
+        if (UsesPool() && static_cast<int>(s.blocks.size()) < max_blocks) {
+          FetchFromPool(s, keys.first(static_cast<size_t>(max_blocks)));
+        }
         s.n_computed = static_cast<int>(s.blocks.size()) * block_tokens_;
       }
       if (!Reserve(s, static_cast<int64_t>(s.tokens.size()))) {
@@ -452,6 +458,47 @@ class LocalBackendImpl final : public LocalBackend {
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
     }
+  }
+
+  bool UsesPool() const {
+    return options_.kv_pool != nullptr && options_.enable_prefix_cache &&
+           kv_.num_window_blocks() == 0;
+  }
+
+  // Extends s.blocks (its local prefix-cache hit) with what the KV pool holds of the following
+  // keys, into fresh blocks that the prefix cache then holds too.
+  void FetchFromPool(Sequence& s, std::span<const uint64_t> keys) {
+    const size_t have = s.blocks.size();
+    KvPool::Fetched got = options_.kv_pool->Fetch(keys.subspan(have), [this](int n) {
+      if (kv_.num_free() < n) prefix_cache_.Evict(n - kv_.num_free());
+      n = std::min(n, kv_.num_free());
+      auto blocks =
+          n > 0 ? kv_.Allocate(n) : StatusOr<std::vector<int32_t>>(std::vector<int32_t>{});
+      return blocks.ok() ? *blocks : std::vector<int32_t>{};
+    });
+    const int filled = std::min<int>(got.filled, static_cast<int>(got.blocks.size()));
+    for (int i = 0; i < filled; ++i) {
+      s.blocks.push_back(got.blocks[i]);
+      prefix_cache_.Insert(keys[have + i], got.blocks[i]);
+    }
+    for (size_t i = static_cast<size_t>(filled); i < got.blocks.size(); ++i)
+      kv_.Release(got.blocks[i]);
+    if (filled > 0) {
+      s.pool_known = static_cast<int>(s.blocks.size());
+      pool_hit_tokens_.fetch_add(int64_t{filled} * block_tokens_);
+    }
+  }
+
+  // Offers the full blocks of a finished sequence that the pool may lack.
+  void OfferToPool(Sequence& s) {
+    if (!UsesPool()) return;
+    const auto keys = KeysOf(s, s.n_computed);
+    const size_t n = std::min(keys.size(), s.blocks.size());
+    const size_t from = std::min(n, static_cast<size_t>(s.pool_known));
+    if (from == n) return;
+    options_.kv_pool->Offer(keys.subspan(from, n - from),
+                            std::span(s.blocks).subspan(from, n - from));
+    s.pool_known = static_cast<int>(n);
   }
 
   // Frees the newest running sequence other than `keep` for recompute later; false if none.
@@ -602,8 +649,6 @@ class LocalBackendImpl final : public LocalBackend {
           continue;
         }
         OfferBlocks(s);
-        kv_.Release(s.blocks);
-        s.blocks.clear();
         const auto now = Clock::now();
         FinishInfo info;
         info.reason = *s.finish;
@@ -616,6 +661,9 @@ class LocalBackendImpl final : public LocalBackend {
         info.ttft_seconds = s.n_generated > 0 ? SecondsBetween(s.req.arrival, s.first_token) : 0;
         info.total_seconds = SecondsBetween(s.req.arrival, now);
         s.sink->OnFinish(info);
+        OfferToPool(s);  // after the sink heard: a request does not wait for the pool
+        kv_.Release(s.blocks);
+        s.blocks.clear();
         it = list.erase(it);
       }
     };
@@ -671,6 +719,7 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int> kv_cached_{0};
   std::atomic<int> kv_window_used_{0};
   std::atomic<int64_t> cache_hit_tokens_{0};
+  std::atomic<int64_t> pool_hit_tokens_{0};
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> generated_tokens_{0};
   std::atomic<int64_t> preemptions_{0};

@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "serving/backend.h"
+#include "serving/kv_pool.h"
 
 namespace tandem::serving {
 
@@ -18,6 +19,10 @@ struct SchedulerOptions {
   int max_batch_tokens = 256;  // tokens per forward step (prefill chunks + decodes)
   int max_waiting = 256;       // queued requests beyond this get ResourceExhausted (429)
   bool enable_prefix_cache = true;
+  // The cluster's KV pool behind the local prefix cache (needs enable_prefix_cache): asked for
+  // what the local cache lacks of each prompt, offered every finished sequence's full blocks.
+  // Null: local cache only. Models with sliding-window layers do not use it yet.
+  std::shared_ptr<KvPool> kv_pool = nullptr;
 };
 
 // Told, on the loop thread, as soon as each layer of a forward step has written a sequence's

@@ -80,9 +80,11 @@ struct PoolClientOptions {
   transfer::TransferEngine* engine = nullptr;  // moves the bytes; not owned, outlives the client
   std::string node;                            // this host (replicas go to distinct nodes)
   int replicas = 1;                            // per object, best effort
-  // Bound on each master call (within the caller's deadline), and how long a reader holds a
-  // lease on what it is fetching (at least the fetch's own deadline).
+  // Bound on each master call (within the caller's deadline).
   std::chrono::milliseconds rpc_timeout{1000};
+  // After a call finds no master, calls fail at once (Unavailable, counted) for this long, so
+  // that a cluster without a master pays nothing per request.
+  std::chrono::milliseconds master_retry{1000};
   // Segment heartbeat: the master drops a segment not renewed for `segment_ttl`.
   std::chrono::milliseconds segment_ttl{5000};
 };
@@ -110,10 +112,21 @@ class PoolClient {
   // Reads the longest prefix of `keys` that the pool holds: object i (size bytes) into dests[i]
   // (memory registered with the engine, e.g. a KV block). Returns how many leading objects were
   // read (0 on a miss); an object that cannot be read ends the prefix there (counted; the bad
-  // replica is reported to the master). Unavailable when no master answers.
+  // replica is reported to the master). Unavailable when no master answers. Lookup + Read.
   virtual StatusOr<int> GetPrefix(const std::vector<std::string>& keys,
                                   const std::vector<void*>& dests, uint64_t size,
                                   Clock::time_point deadline) = 0;
+  // The two halves of GetPrefix, for a caller that sizes its destination by the hit: the
+  // longest held prefix of `keys`, leased to this reader until shortly after `deadline`...
+  struct Prefix {
+    std::vector<std::string> keys;                // the prefix's keys
+    std::vector<std::vector<Location>> replicas;  // per key, where its object is
+  };
+  virtual StatusOr<Prefix> Lookup(const std::vector<std::string>& keys,
+                                  Clock::time_point deadline) = 0;
+  // ...then its first dests.size() objects read into dests; returns how many leading ones were.
+  virtual int Read(const Prefix& prefix, const std::vector<void*>& dests, uint64_t size,
+                   Clock::time_point deadline) = 0;
   // Stores objects (size bytes each from srcs[i], registered memory) the pool does not hold
   // yet; returns how many were newly stored. Objects that find no space are skipped (counted).
   virtual StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,

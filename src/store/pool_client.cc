@@ -93,32 +93,51 @@ class PoolClientImpl final : public PoolClient {
   StatusOr<int> GetPrefix(const std::vector<std::string>& keys, const std::vector<void*>& dests,
                           uint64_t size, Clock::time_point deadline) override {
     if (dests.size() != keys.size()) return InvalidArgument("keys and dests differ in length");
-    if (keys.empty()) return 0;
+    TANDEM_ASSIGN_OR_RETURN(Prefix prefix, Lookup(keys, deadline));
+    return Read(prefix, std::vector<void*>(dests.begin(), dests.begin() + prefix.keys.size()), size,
+                deadline);
+  }
+
+  StatusOr<Prefix> Lookup(const std::vector<std::string>& keys,
+                          Clock::time_point deadline) override {
+    Prefix prefix;
+    if (keys.empty()) return prefix;
     Count([](PoolClientStats& s) { ++s.get_calls; });
+    // The lease outlives the caller's deadline a little: reads may run until then.
     const auto lease =
         std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1000);
     TANDEM_ASSIGN_OR_RETURN(
         json reply,
-        Call("/pool/get", {{"keys", keys}, {"lease_ms", std::max<int64_t>(0, lease.count())}},
+        Call("/pool/get",
+             {{"keys", keys}, {"lease_ms", std::clamp<int64_t>(lease.count(), 0, 600000)}},
              deadline));
-    std::vector<std::vector<Location>> objects;
     try {
-      for (const auto& o : reply.at("objects")) objects.push_back(internal::LocationsFromJson(o));
+      for (const auto& o : reply.at("objects")) {
+        prefix.replicas.push_back(internal::LocationsFromJson(o));
+      }
     } catch (const json::exception& e) {
       return Internal(std::string("pool master reply: ") + e.what());
     }
-    if (objects.empty()) {
-      Count([](PoolClientStats& s) { ++s.miss_calls; });
-      return 0;
-    }
+    if (prefix.replicas.size() > keys.size())
+      return Internal("pool master answered for other keys");
+    prefix.keys.assign(keys.begin(), keys.begin() + prefix.replicas.size());
+    if (prefix.keys.empty()) Count([](PoolClientStats& s) { ++s.miss_calls; });
+    return prefix;
+  }
+
+  int Read(const Prefix& prefix, const std::vector<void*>& dests, uint64_t size,
+           Clock::time_point deadline) override {
+    const size_t count = std::min(dests.size(), prefix.keys.size());
+    if (count == 0) return 0;
+    const auto& objects = prefix.replicas;
     const Clock::time_point start = Clock::now();
     // Every object from its first replica; an object whose read fails tries its next replica;
     // the prefix ends at the first object no replica of which could be read.
-    std::vector<size_t> replica(objects.size(), 0);
-    std::vector<bool> done(objects.size(), false);
+    std::vector<size_t> replica(count, 0);
+    std::vector<bool> done(count, false);
     for (;;) {
       std::vector<size_t> todo;
-      for (size_t i = 0; i < objects.size(); ++i) {
+      for (size_t i = 0; i < count; ++i) {
         if (!done[i] && replica[i] < objects[i].size()) todo.push_back(i);
       }
       if (todo.empty()) break;
@@ -129,24 +148,23 @@ class PoolClientImpl final : public PoolClient {
           done[i] = true;
         } else {
           (void)Call("/pool/bad_replica",
-                     {{"key", keys[i]}, {"segment", objects[i][replica[i]].segment}}, deadline);
+                     {{"key", prefix.keys[i]}, {"segment", objects[i][replica[i]].segment}},
+                     deadline);
           ++replica[i];
         }
       }
       if (Clock::now() >= deadline) break;
     }
-    int n = 0;
-    while (n < static_cast<int>(objects.size()) && done[n]) ++n;
+    size_t n = 0;
+    while (n < count && done[n]) ++n;
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const uint64_t failures = static_cast<uint64_t>(n < static_cast<int>(objects.size()));
     Count([&](PoolClientStats& s) {
       s.hit_objects += n;
-      s.bytes_fetched += static_cast<uint64_t>(n) * size;
+      s.bytes_fetched += n * size;
       s.fetch_seconds += seconds;
-      s.fetch_failures += failures;
-      if (n == 0) ++s.miss_calls;
+      s.fetch_failures += count - n;
     });
-    return n;
+    return static_cast<int>(n);
   }
 
   StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,
@@ -250,6 +268,12 @@ class PoolClientImpl final : public PoolClient {
     f(stats_);
   }
 
+  void NoMaster() {
+    MutexLock lock(&mu_);
+    ++stats_.master_unavailable;
+    no_master_until_ = Clock::now() + options_.master_retry;
+  }
+
   // The master's address: the configured one, or the one published in the metadata service.
   StatusOr<std::pair<std::string, int>> Master() {
     if (!options_.master_uri.empty()) return ParseHttpUri(options_.master_uri);
@@ -260,9 +284,16 @@ class PoolClientImpl final : public PoolClient {
   }
 
   StatusOr<json> Call(const std::string& path, const json& body, Clock::time_point deadline) {
+    {
+      MutexLock lock(&mu_);
+      if (Clock::now() < no_master_until_) {
+        ++stats_.master_unavailable;
+        return Unavailable("no pool master answered recently");
+      }
+    }
     auto master = Master();
     if (!master.ok()) {
-      Count([](PoolClientStats& s) { ++s.master_unavailable; });
+      NoMaster();
       return master.status();
     }
     const Clock::time_point until = std::min(deadline, Clock::now() + options_.rpc_timeout);
@@ -271,7 +302,7 @@ class PoolClientImpl final : public PoolClient {
     SetHttpClientDeadline(client, until, options_.rpc_timeout, options_.rpc_timeout);
     httplib::Result res = client.Post(path, body.dump(), "application/json");
     if (!res) {
-      Count([](PoolClientStats& s) { ++s.master_unavailable; });
+      NoMaster();
       return Unavailable("pool master " + master->first + ":" + std::to_string(master->second) +
                          " unreachable: " + httplib::to_string(res.error()));
     }
@@ -391,6 +422,7 @@ class PoolClientImpl final : public PoolClient {
   std::map<std::string, uint64_t> mounts_ TANDEM_GUARDED_BY(mu_);  // segment -> bytes
   std::map<std::string, transfer::SegmentHandle> handles_ TANDEM_GUARDED_BY(mu_);
   PoolClientStats stats_ TANDEM_GUARDED_BY(mu_);
+  Clock::time_point no_master_until_ TANDEM_GUARDED_BY(mu_){};
   std::thread heartbeat_;  // HeartbeatLoop, started by the first MountDram
 };
 
