@@ -377,6 +377,40 @@ int RunServe(const ServeFlags& f) {
   co.vocab_size = config.vocab_size;
   co.max_model_len = max_model_len;
   co.max_inflight = std::max(1, f.knobs.max_num_seqs * f.decode_workers + f.knobs.max_waiting);
+  if (pool_master) {
+    co.extra_metrics = [master = pool_master.get()](serving::BackendStats* s) {
+      for (const store::SegmentUsage& u : master->Usage()) {
+        s->extra.push_back({"tandem_kv_pool_segment_capacity_bytes",
+                            "Bytes each KV pool storage segment holds, as mounted with the master.",
+                            false,
+                            {{"segment", u.name}, {"node", u.node}},
+                            double(u.capacity)});
+        s->extra.push_back({"tandem_kv_pool_segment_used_bytes",
+                            "Bytes of each KV pool segment held by objects (stored or being "
+                            "written).",
+                            false,
+                            {{"segment", u.name}, {"node", u.node}},
+                            double(u.used)});
+        s->extra.push_back({"tandem_kv_pool_segment_objects",
+                            "KV blocks (replicas) stored in each KV pool segment.",
+                            false,
+                            {{"segment", u.name}, {"node", u.node}},
+                            double(u.objects)});
+      }
+      const store::MasterCounters c = master->Counters();
+      auto counter = [&](const char* name, const char* help, uint64_t v) {
+        s->extra.push_back({name, help, true, {}, double(v)});
+      };
+      counter("tandem_kv_pool_evictions_total",
+              "KV pool objects evicted (least recently used) to make room.", c.evictions);
+      counter("tandem_kv_pool_puts_expired_total",
+              "KV pool writes whose writer never committed them (dropped at their deadline).",
+              c.puts_expired);
+      counter("tandem_kv_pool_objects_lost_total",
+              "KV pool objects that lost their last replica (node gone or unreadable).",
+              c.objects_lost);
+    };
+  }
   auto conductor = conductor::Conductor::Start(co);
   if (!conductor.ok()) {
     std::fprintf(stderr, "error: %s\n", conductor.status().ToString().c_str());

@@ -141,29 +141,33 @@ class ConductorImpl final : public Conductor {
     }
     if (stale) const_cast<ConductorImpl*>(this)->RefreshMembership();
     serving::BackendStats s;
-    MutexLock lock(&mu_);
-    ConductorMetrics::WorkerTotals totals;
-    const auto now = Clock::now();
-    for (const auto& [name, w] : view_.workers()) {
-      totals.Add(w, name, now);
-      if (!w.healthy) continue;
-      const auto& b = w.stats.backend;
-      s.running += b.running;
-      s.waiting += b.waiting;
-      s.kv_blocks_total += b.kv_blocks_total;
-      s.kv_blocks_used += b.kv_blocks_used;
-      s.kv_blocks_cached += b.kv_blocks_cached;
-      s.kv_window_blocks_total += b.kv_window_blocks_total;
-      s.kv_window_blocks_used += b.kv_window_blocks_used;
-      s.prefix_cache_hit_tokens += b.prefix_cache_hit_tokens;
-      s.prompt_tokens += b.prompt_tokens;
-      s.generated_tokens += b.generated_tokens;
-      s.preemptions += b.preemptions;
-      s.reserved_blocks += b.reserved_blocks;
-      s.reservations_expired += b.reservations_expired;
+    {
+      MutexLock lock(&mu_);
+      ConductorMetrics::WorkerTotals totals;
+      const auto now = Clock::now();
+      for (const auto& [name, w] : view_.workers()) {
+        totals.Add(w, name, now);
+        if (!w.healthy) continue;
+        const auto& b = w.stats.backend;
+        s.running += b.running;
+        s.waiting += b.waiting;
+        s.kv_blocks_total += b.kv_blocks_total;
+        s.kv_blocks_used += b.kv_blocks_used;
+        s.kv_blocks_cached += b.kv_blocks_cached;
+        s.kv_window_blocks_total += b.kv_window_blocks_total;
+        s.kv_window_blocks_used += b.kv_window_blocks_used;
+        s.prefix_cache_hit_tokens += b.prefix_cache_hit_tokens;
+        s.pool_hit_tokens += b.pool_hit_tokens;
+        s.prompt_tokens += b.prompt_tokens;
+        s.generated_tokens += b.generated_tokens;
+        s.preemptions += b.preemptions;
+        s.reserved_blocks += b.reserved_blocks;
+        s.reservations_expired += b.reservations_expired;
+      }
+      s.waiting += waiting_for_kv_;
+      metrics_.Export(totals, &s);
     }
-    s.waiting += waiting_for_kv_;
-    metrics_.Export(totals, &s);
+    if (options_.extra_metrics) options_.extra_metrics(&s);
     return s;
   }
 

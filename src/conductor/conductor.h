@@ -26,6 +26,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,9 @@ struct ConductorOptions {
   double slo_ttft_s = 0;
   double slo_tbt_s = 0;
   uint64_t random_seed = 1;  // PlacementPolicy::kRandom
+  // Adds metrics of parts that live beside the conductor (e.g. the embedded KV pool master) to
+  // every Stats(); called without the conductor's lock. May be empty.
+  std::function<void(serving::BackendStats*)> extra_metrics;
 };
 
 // What the conductor knows of one worker (for /metrics, logs and tests).

@@ -47,6 +47,24 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
     transfer_timeouts += w.stats.transfer_timeouts;
     kv_wait_timeouts += w.stats.kv_wait_timeouts;
     kv_bytes += w.stats.kv_bytes_pushed;
+    const cluster::KvPoolStats& p = w.stats.pool;
+    if (p.enabled) {
+      cluster::KvPoolStats& t = pool[o.role];
+      t.enabled = true;
+      t.lookups += p.lookups;
+      t.hit_objects += p.hit_objects;
+      t.miss_lookups += p.miss_lookups;
+      t.bytes_fetched += p.bytes_fetched;
+      t.fetch_seconds += p.fetch_seconds;
+      t.fetch_failures += p.fetch_failures;
+      t.put_objects += p.put_objects;
+      t.put_existing += p.put_existing;
+      t.put_no_space += p.put_no_space;
+      t.put_failures += p.put_failures;
+      t.bytes_put += p.bytes_put;
+      t.master_unavailable += p.master_unavailable;
+      t.dram_bytes += p.dram_bytes;
+    }
   }
 }
 
@@ -151,6 +169,41 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
           double(totals.kv_wait_timeouts));
   counter("tandem_kv_transfer_bytes_total", "KV bytes pushed from prefill to decode workers.",
           double(totals.kv_bytes));
+  // The cluster KV pool, as its clients (the workers) see it, by role.
+  for (const auto& [role, p] : totals.pool) {
+    auto pool = [&](const char* name, const char* help, bool is_counter, double v,
+                    std::vector<std::pair<std::string, std::string>> labels = {}) {
+      labels.insert(labels.begin(), {"role", role});
+      s->extra.push_back({name, help, is_counter, std::move(labels), v});
+    };
+    pool("tandem_kv_pool_lookups_total",
+         "Prompts whose uncached part was looked up in the KV pool.", true, double(p.lookups));
+    pool("tandem_kv_pool_miss_lookups_total", "KV pool lookups that found nothing.", true,
+         double(p.miss_lookups));
+    pool("tandem_kv_pool_hit_blocks_total", "KV blocks read from the KV pool instead of computed.",
+         true, double(p.hit_objects));
+    pool("tandem_kv_pool_fetched_bytes_total", "Bytes read from the KV pool.", true,
+         double(p.bytes_fetched));
+    pool("tandem_kv_pool_fetch_seconds_total", "Wall time spent reading KV blocks from the pool.",
+         true, p.fetch_seconds);
+    pool("tandem_kv_pool_fetch_failures_total",
+         "KV blocks the pool listed but that could not be read (the prompt computed them).", true,
+         double(p.fetch_failures));
+    const char* put_help = "KV blocks offered to the pool, by outcome.";
+    pool("tandem_kv_pool_put_blocks_total", put_help, true, double(p.put_objects),
+         {{"outcome", "stored"}});
+    pool("tandem_kv_pool_put_blocks_total", put_help, true, double(p.put_existing),
+         {{"outcome", "existing"}});
+    pool("tandem_kv_pool_put_blocks_total", put_help, true, double(p.put_no_space),
+         {{"outcome", "no_space"}});
+    pool("tandem_kv_pool_put_blocks_total", put_help, true, double(p.put_failures),
+         {{"outcome", "failed"}});
+    pool("tandem_kv_pool_master_unavailable_total",
+         "KV pool calls that found no master (the worker used its local cache only).", true,
+         double(p.master_unavailable));
+    pool("tandem_kv_pool_dram_bytes", "Shared memory the workers contribute to the KV pool.", false,
+         double(p.dram_bytes));
+  }
   {
     MutexLock lock(&mu_);
     int64_t all = 0;

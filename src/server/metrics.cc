@@ -155,8 +155,12 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
             static_cast<double>(prompt_tokens_.load()));
   w.Counter("tandem_generation_tokens_total", "Tokens generated for finished requests.",
             static_cast<double>(generation_tokens_.load()));
-  w.Counter("tandem_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.",
+  w.Counter("tandem_prefix_cache_hit_tokens_total",
+            "Prompt tokens served from the prefix cache (local, or read from the KV pool).",
             static_cast<double>(stats.prefix_cache_hit_tokens));
+  w.Counter("tandem_kv_pool_hit_tokens_total",
+            "Prompt tokens read from the cluster KV pool (part of the prefix cache hits).",
+            static_cast<double>(stats.pool_hit_tokens));
   w.Counter("tandem_prompt_tokens_computed_total",
             "Prompt tokens the backend computed (not cached).",
             static_cast<double>(stats.prompt_tokens));
