@@ -16,6 +16,12 @@ Experiments (--experiment, default all):
   overload  --admission none / early / predictive with arrivals far above capacity and the SLOs
             given to the server: requests served and rejected, SLO attainment, and the prefill
             wasted on requests that missed their SLO, failed or were rejected.
+  pool      the cluster KV pool against per-worker prefix caches: the policies workload with
+            small local caches (--pool-kv-tokens per worker), 2 prefill + 1 decode worker, under
+            load-balance placement (a conversation's turns land on either prefill worker) and
+            cache-load (turns follow their cache), each with --kv-pool off and on. Table: prefix
+            hit ratio (hit / prompt tokens), tokens read from the pool, prompt tokens computed,
+            TTFT mean / p50 / p90, and the ratios pool / local-only.
   capacity  a rate sweep (Poisson arrivals, fresh prompts per rate) of the default mode against
             --mode colocated on the same cores, at a tight and a loose TBT SLO with one TTFT SLO:
             the highest rate at which >= --target of the requests meet both SLOs, and the ratio
@@ -60,7 +66,9 @@ from servebench import prompts, workload  # noqa: E402
 TRACE = os.path.join(ROOT, "..", "shared", "data", "mooncake-traces", "conversation_trace.jsonl")
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SERVE_BENCH = os.path.join(HERE, "serving", "serve_bench.py")
-EXPERIMENTS = ("policies", "overload", "capacity")
+EXPERIMENTS = ("policies", "overload", "capacity", "pool")
+POOL_CONFIGS = (("load-balance", "off"), ("load-balance", "on"), ("cache-load", "off"),
+                ("cache-load", "on"))
 POLICIES = ("random", "load-balance", "cache-aware", "cache-load")
 ADMISSIONS = ("none", "early", "predictive")
 CAPACITY_MODES = ("default", "colocated")
@@ -556,6 +564,87 @@ def experiment_policies(args, out, log, runs_failed):
                               "figures": figures, "prediction": prediction, "runs": runs}
 
 
+def experiment_pool(args, out, log, runs_failed):
+    ls = args.length_scale if args.length_scale is not None else 0.1
+    os_ = args.output_scale if args.output_scale is not None else 0.05
+    rows = conversation_slice(args.trace, args.policies_start, args.policies_window,
+                              args.policies_requests, args.policies_max_input,
+                              args.policies_min_turns, args.policies_max_turns)
+    if len(rows) < 2:
+        raise RunError(f"pool: only {len(rows)} request(s) of conversations: widen --policies-window")
+    slice_path = os.path.join(out, "trace_slice.jsonl")
+    write_rows(slice_path, rows)
+    span_ms = rows[-1]["timestamp"] - rows[0]["timestamp"]
+    time_scale = args.policies_span_s * 1000.0 / span_ms if span_ms > 0 else 0.0
+    per_block = prompts.trace_block_tokens(ls, TRACE_BLOCK_TOKENS)
+    n_conv = len({d["hash_ids"][1] for d in rows})
+    in_tokens = sum(max(1, round(d["input_length"] * ls)) for d in rows)
+    reuse = reusable_prompt_tokens(rows) / max(1, sum(d["input_length"] for d in rows))
+    kv = args.pool_kv_tokens
+    desc = (f"{len(rows)} requests of {n_conv} conversations (trace lines {args.policies_start}.."
+            f"{args.policies_start + args.policies_window}); length scale {ls:g} ({per_block} tokens "
+            f"per trace block = {per_block / args.block_tokens:.1f} KV blocks), ~{in_tokens} prompt "
+            f"tokens, {100 * reuse:.0f}% of them a prefix of an earlier turn; output scale {os_:g}; "
+            f"arrivals squeezed into {args.policies_span_s:g} s; 2 prefill + 1 decode worker, 1 "
+            f"thread each, {kv} KV tokens each, --admission none; the pool: 256 MiB of DRAM per "
+            f"worker")
+    log(f"pool: {desc}")
+    bench_args = ["--trace", slice_path, "--length-scale", f"{ls:g}", "--output-scale", f"{os_:g}",
+                  "--time-scale", f"{time_scale:.6g}",
+                  *slo_bench_args(args.slo_ttft_ms, args.slo_tbt_ms)]
+    base = disagg_args(2, 1, 1) + ["--admission", "none", "--kv-cache-tokens", str(kv),
+                                   "--max-model-len", str(kv)] + \
+        slo_server_args(args.slo_ttft_ms, args.slo_tbt_ms)
+    runs = collections.defaultdict(list)
+    for rnd in range(args.rounds):
+        for placement, pool in rotated(POOL_CONFIGS, rnd):
+            name = f"{placement}-pool-{pool}"
+            try:
+                runs[name].append(run_config(
+                    args, name, base + ["--placement-policy", placement, "--kv-pool", pool],
+                    bench_args, os.path.join(out, f"{name}-round{rnd + 1}"), log))
+            except RunError as e:
+                log(f"FAILED {e}")
+                runs_failed.append(str(e))
+    figures = {}
+    for placement, pool in POOL_CONFIGS:
+        name = f"{placement}-pool-{pool}"
+        per_round = []
+        for run in runs.get(name, []):
+            s, m = run["summary"], run_metrics(run)
+            hit = total(m, "tandem_prefix_cache_hit_tokens_total")
+            computed = total(m, "tandem_prompt_tokens_computed_total")
+            per_round.append({
+                "completed": s["completed"], "failed": s["failed"],
+                "ttft_mean": s["ttft_ms"]["mean"], "ttft_p50": s["ttft_ms"]["p50"],
+                "ttft_p90": s["ttft_ms"]["p90"], "hit_tokens": hit, "computed_tokens": computed,
+                "pool_tokens": total(m, "tandem_kv_pool_hit_tokens_total"),
+                "hit_ratio": hit / (hit + computed) if hit + computed > 0 else None})
+        keys = per_round[0].keys() if per_round else ()
+        figures[name] = {k: median_or_none(r[k] for r in per_round) for k in keys}
+        figures[name]["rounds"] = len(per_round)
+    lines = [f"## KV pool against local prefix caches (median of {args.rounds} round(s))", "",
+             f"Workload: {desc}.", "",
+             "| placement | KV pool | prefix hit ratio | tokens from the pool | prompt tokens computed "
+             "| mean TTFT ms | p50 TTFT ms | p90 TTFT ms | completed / failed | hit ratio / off | "
+             "computed / off |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for placement, pool in POOL_CONFIGS:
+        f = figures[f"{placement}-pool-{pool}"]
+        if not f.get("rounds"):
+            lines.append(f"| {placement} | {pool} | failed (see log) |" + "  |" * 8)
+            continue
+        off = figures.get(f"{placement}-pool-off", {})
+        def ratio(key):
+            a, b = f.get(key), off.get(key)
+            return f"{a / b:.2f}x" if a is not None and b else "n/a"
+        lines.append(f"| {placement} | {pool} | {pct(f['hit_ratio'])} | {num(f['pool_tokens'], 4)} | "
+                     f"{num(f['computed_tokens'], 4)} | {num(f['ttft_mean'], 4)} | "
+                     f"{num(f['ttft_p50'], 4)} | {num(f['ttft_p90'], 4)} | {num(f['completed'])} / "
+                     f"{num(f['failed'])} | {ratio('hit_ratio')} | {ratio('computed_tokens')} |")
+    return "\n".join(lines), {"workload": desc, "bench_args": bench_args, "serve_args": base,
+                              "figures": figures, "runs": runs}
+
+
 def experiment_overload(args, out, log, runs_failed):
     ls = args.length_scale if args.length_scale is not None else 0.02
     os_ = args.output_scale if args.output_scale is not None else 0.1
@@ -728,7 +817,8 @@ def experiment_capacity(args, out, log, runs_failed, flags):
 
 REQUIRED_FLAGS = {"policies": ("--placement-policy", "--admission", "--slo-ttft-ms", "--slo-tbt-ms"),
                   "overload": ("--admission", "--slo-ttft-ms", "--slo-tbt-ms"),
-                  "capacity": ()}
+                  "capacity": (),
+                  "pool": ("--placement-policy", "--admission", "--kv-pool", "--pool-dram-mb")}
 
 
 def parse_args(argv):
@@ -770,6 +860,9 @@ def parse_args(argv):
                    help="leave out requests longer than this (trace tokens, before scaling)")
     g.add_argument("--policies-min-turns", type=int, default=3)
     g.add_argument("--policies-max-turns", type=int)
+    g = ap.add_argument_group("pool")
+    g.add_argument("--pool-kv-tokens", type=int, default=2048,
+                   help="KV cache of each worker in the pool experiment (small: local caches evict)")
     g = ap.add_argument_group("overload")
     g.add_argument("--overload-requests", type=int)
     g.add_argument("--overload-start", type=int, default=0)
@@ -879,6 +972,8 @@ def main(argv=None):
                 table, data = experiment_policies(args, out, log, failed)
             elif exp == "overload":
                 table, data = experiment_overload(args, out, log, failed)
+            elif exp == "pool":
+                table, data = experiment_pool(args, out, log, failed)
             else:
                 table, data = experiment_capacity(args, out, log, failed, flags)
         except RunError as e:

@@ -156,6 +156,39 @@ TEST_F(PoolTest, NoMasterIsUnavailableWithinTheDeadline) {
   EXPECT_GE((*c)->Stats().master_unavailable, 1u);
 }
 
+// A master that goes away: calls fail fast (Unavailable, counted); a new master published in
+// the metadata service is found, the segments are mounted again by their heartbeat, and the
+// pool works again.
+TEST_F(PoolTest, ARestartedMasterIsFoundAndSegmentsRemount) {
+  PoolClientOptions o;
+  o.metadata = metadata_;
+  o.engine = te_a_.get();
+  o.node = "host-a";
+  o.segment_ttl = milliseconds(300);
+  o.master_retry = milliseconds(100);
+  auto a = std::move(*PoolClient::Create(o));
+  ASSERT_TRUE(a->MountDram("a/pool", 64 * kObject).ok());
+  Buffer src(te_a_.get(), 2, 5), dst(te_a_.get(), 2, 6);
+  ASSERT_EQ(*a->Put(Keys("ns", 0, 1), src.Ptrs(0, 1), kObject, Deadline()), 1);
+
+  master_.reset();
+  auto put = a->Put(Keys("ns", 1, 2), src.Ptrs(1, 2), kObject, Deadline());
+  EXPECT_EQ(put.status().code(), StatusCode::kUnavailable) << put.status().ToString();
+  EXPECT_GE(a->Stats().master_unavailable, 1u);
+
+  PoolMasterOptions mo;
+  mo.expire_interval = milliseconds(20);
+  master_ = std::move(*PoolMasterServer::Start("127.0.0.1", 0, mo, metadata_));
+  ASSERT_TRUE(transfer::testing::WaitFor([&] { return master_->Usage().size() == 1; },
+                                         std::chrono::seconds(5)));
+  // The new master knows nothing of the old objects (a cache: they are recomputed), and takes
+  // new ones.
+  EXPECT_EQ(*a->GetPrefix(Keys("ns", 0, 1), dst.Ptrs(0, 1), kObject, Deadline()), 0);
+  ASSERT_EQ(*a->Put(Keys("ns", 1, 2), src.Ptrs(1, 2), kObject, Deadline()), 1);
+  EXPECT_EQ(*a->GetPrefix(Keys("ns", 1, 2), dst.Ptrs(1, 2), kObject, Deadline()), 1);
+  EXPECT_EQ(std::memcmp(dst.bytes.data() + kObject, src.bytes.data() + kObject, kObject), 0);
+}
+
 TEST_F(PoolTest, TheMasterRefusesBadRequests) {
   httplib::Client http("127.0.0.1", master_->port());
   auto res = http.Post("/pool/put_start", "not json", "application/json");
