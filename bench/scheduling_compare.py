@@ -586,14 +586,14 @@ def experiment_pool(args, out, log, runs_failed):
             f"per trace block = {per_block / args.block_tokens:.1f} KV blocks), ~{in_tokens} prompt "
             f"tokens, {100 * reuse:.0f}% of them a prefix of an earlier turn; output scale {os_:g}; "
             f"arrivals squeezed into {args.policies_span_s:g} s; 2 prefill + 1 decode worker, 1 "
-            f"thread each, {kv} KV tokens each, --admission none; the pool: 256 MiB of DRAM per "
-            f"worker")
+            f"thread each, {kv} KV tokens each, --admission none, every prompt on a prefill worker "
+            f"(--no-local-prefill); the pool: 256 MiB of DRAM per worker")
     log(f"pool: {desc}")
     bench_args = ["--trace", slice_path, "--length-scale", f"{ls:g}", "--output-scale", f"{os_:g}",
                   "--time-scale", f"{time_scale:.6g}",
                   *slo_bench_args(args.slo_ttft_ms, args.slo_tbt_ms)]
-    base = disagg_args(2, 1, 1) + ["--admission", "none", "--kv-cache-tokens", str(kv),
-                                   "--max-model-len", str(kv)] + \
+    base = disagg_args(2, 1, 1) + ["--admission", "none", "--no-local-prefill",
+                                   "--kv-cache-tokens", str(kv), "--max-model-len", str(kv)] + \
         slo_server_args(args.slo_ttft_ms, args.slo_tbt_ms)
     runs = collections.defaultdict(list)
     for rnd in range(args.rounds):
@@ -612,14 +612,18 @@ def experiment_pool(args, out, log, runs_failed):
         per_round = []
         for run in runs.get(name, []):
             s, m = run["summary"], run_metrics(run)
-            hit = total(m, "tandem_prefix_cache_hit_tokens_total")
+            # Every prompt is computed on a prefill worker (--no-local-prefill): the share of
+            # prompt tokens not computed there is the prefix hit ratio (decode-side reuse of
+            # the pushed KV is not counted).
+            prompt_total = total(m, "tandem_prompt_tokens_total")
             computed = total(m, "tandem_prompt_tokens_computed_total")
+            hit = prompt_total - computed
             per_round.append({
                 "completed": s["completed"], "failed": s["failed"],
                 "ttft_mean": s["ttft_ms"]["mean"], "ttft_p50": s["ttft_ms"]["p50"],
                 "ttft_p90": s["ttft_ms"]["p90"], "hit_tokens": hit, "computed_tokens": computed,
                 "pool_tokens": total(m, "tandem_kv_pool_hit_tokens_total"),
-                "hit_ratio": hit / (hit + computed) if hit + computed > 0 else None})
+                "hit_ratio": hit / prompt_total if prompt_total > 0 else None})
         keys = per_round[0].keys() if per_round else ()
         figures[name] = {k: median_or_none(r[k] for r in per_round) for k in keys}
         figures[name]["rounds"] = len(per_round)

@@ -432,14 +432,11 @@ class LocalBackendImpl final : public LocalBackend {
   void Admit() {
     while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
       Sequence& s = *waiting_.front();
-      if (options_.enable_prefix_cache && s.blocks.empty()) {
+      const bool matched = options_.enable_prefix_cache && s.blocks.empty();
+      if (matched) {
         // Reuse cached full blocks, leaving at least one token to compute (it yields logits).
         const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
-        const auto keys = KeysOf(s, s.tokens.size());
-        s.blocks = prefix_cache_.Match(keys, max_blocks);
-        if (UsesPool() && static_cast<int>(s.blocks.size()) < max_blocks) {
-          FetchFromPool(s, keys.first(static_cast<size_t>(max_blocks)));
-        }
+        s.blocks = prefix_cache_.Match(KeysOf(s, s.tokens.size()), max_blocks);
         s.n_computed = static_cast<int>(s.blocks.size()) * block_tokens_;
       }
       if (!Reserve(s, static_cast<int64_t>(s.tokens.size()))) {
@@ -449,6 +446,9 @@ class LocalBackendImpl final : public LocalBackend {
         s.n_computed = 0;
         break;
       }
+      // Then what the KV pool holds of the rest, read into the blocks just reserved (so a
+      // sequence waiting for memory does not read the pool again and again).
+      if (matched && UsesPool()) FetchFromPool(s);
       if (!s.admitted_once) {
         s.admitted_once = true;
         s.cached_tokens = s.n_computed;
@@ -465,26 +465,23 @@ class LocalBackendImpl final : public LocalBackend {
            kv_.num_window_blocks() == 0;
   }
 
-  // Extends s.blocks (its local prefix-cache hit) with what the KV pool holds of the following
-  // keys, into fresh blocks that the prefix cache then holds too.
-  void FetchFromPool(Sequence& s, std::span<const uint64_t> keys) {
-    const size_t have = s.blocks.size();
-    KvPool::Fetched got = options_.kv_pool->Fetch(keys.subspan(have), [this](int n) {
-      if (kv_.num_free() < n) prefix_cache_.Evict(n - kv_.num_free());
-      n = std::min(n, kv_.num_free());
-      auto blocks =
-          n > 0 ? kv_.Allocate(n) : StatusOr<std::vector<int32_t>>(std::vector<int32_t>{});
-      return blocks.ok() ? *blocks : std::vector<int32_t>{};
+  // For a sequence whose blocks hold its local prefix-cache hit (n_computed tokens) followed by
+  // fresh blocks for the rest: reads what the KV pool holds of the following full blocks into
+  // those fresh blocks, which the prefix cache then holds too.
+  void FetchFromPool(Sequence& s) {
+    const int have = s.n_computed / block_tokens_;
+    const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
+    if (have >= max_blocks) return;
+    const auto keys = KeysOf(s, s.tokens.size()).subspan(have, max_blocks - have);
+    KvPool::Fetched got = options_.kv_pool->Fetch(keys, [&](int n) {
+      n = std::min(n, max_blocks - have);
+      return std::vector<int32_t>(s.blocks.begin() + have, s.blocks.begin() + have + n);
     });
     const int filled = std::min<int>(got.filled, static_cast<int>(got.blocks.size()));
-    for (int i = 0; i < filled; ++i) {
-      s.blocks.push_back(got.blocks[i]);
-      prefix_cache_.Insert(keys[have + i], got.blocks[i]);
-    }
-    for (size_t i = static_cast<size_t>(filled); i < got.blocks.size(); ++i)
-      kv_.Release(got.blocks[i]);
+    for (int i = 0; i < filled; ++i) prefix_cache_.Insert(keys[i], s.blocks[have + i]);
     if (filled > 0) {
-      s.pool_known = static_cast<int>(s.blocks.size());
+      s.n_computed += filled * block_tokens_;
+      s.pool_known = have + filled;
       pool_hit_tokens_.fetch_add(int64_t{filled} * block_tokens_);
     }
   }
