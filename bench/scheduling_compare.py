@@ -467,14 +467,16 @@ def disagg_args(prefill, decode, threads):
             "--threads-per-worker", str(threads)]
 
 
-def experiment_policies(args, out, log, runs_failed):
+def conversation_workload(args, out, what):
+    """The workload of the policies and pool experiments: a slice of whole conversations of the
+    trace, written under `out`; returns its description and the benchmark arguments."""
     ls = args.length_scale if args.length_scale is not None else 0.1
     os_ = args.output_scale if args.output_scale is not None else 0.05
     rows = conversation_slice(args.trace, args.policies_start, args.policies_window,
                               args.policies_requests, args.policies_max_input,
                               args.policies_min_turns, args.policies_max_turns)
     if len(rows) < 2:
-        raise RunError(f"policies: only {len(rows)} request(s) of conversations with >= "
+        raise RunError(f"{what}: only {len(rows)} request(s) of conversations with >= "
                        f"{args.policies_min_turns} turns in trace lines {args.policies_start}.."
                        f"{args.policies_start + args.policies_window}: widen --policies-window")
     slice_path = os.path.join(out, "trace_slice.jsonl")
@@ -492,12 +494,17 @@ def experiment_policies(args, out, log, runs_failed):
             f"{per_block / args.block_tokens:.1f} KV blocks of {args.block_tokens}; ~{in_tokens} "
             f"prompt tokens, {100 * reuse:.0f}% of them a prefix of an earlier turn; output scale "
             f"{os_:g}; {span_ms / 1000:.0f} s of trace squeezed into {args.policies_span_s:g} s "
-            f"(time scale {time_scale:.4g}); 2 prefill + 1 decode worker, 1 thread each, "
-            f"--admission none")
-    log(f"policies: {desc}")
+            f"(time scale {time_scale:.4g})")
     bench_args = ["--trace", slice_path, "--length-scale", f"{ls:g}", "--output-scale", f"{os_:g}",
                   "--time-scale", f"{time_scale:.6g}",
                   *slo_bench_args(args.slo_ttft_ms, args.slo_tbt_ms)]
+    return desc, bench_args
+
+
+def experiment_policies(args, out, log, runs_failed):
+    desc, bench_args = conversation_workload(args, out, "policies")
+    desc += "; 2 prefill + 1 decode worker, 1 thread each, --admission none"
+    log(f"policies: {desc}")
     base = disagg_args(2, 1, 1) + ["--admission", "none"] + \
         slo_server_args(args.slo_ttft_ms, args.slo_tbt_ms)
     runs = collections.defaultdict(list)
@@ -565,33 +572,12 @@ def experiment_policies(args, out, log, runs_failed):
 
 
 def experiment_pool(args, out, log, runs_failed):
-    ls = args.length_scale if args.length_scale is not None else 0.1
-    os_ = args.output_scale if args.output_scale is not None else 0.05
-    rows = conversation_slice(args.trace, args.policies_start, args.policies_window,
-                              args.policies_requests, args.policies_max_input,
-                              args.policies_min_turns, args.policies_max_turns)
-    if len(rows) < 2:
-        raise RunError(f"pool: only {len(rows)} request(s) of conversations: widen --policies-window")
-    slice_path = os.path.join(out, "trace_slice.jsonl")
-    write_rows(slice_path, rows)
-    span_ms = rows[-1]["timestamp"] - rows[0]["timestamp"]
-    time_scale = args.policies_span_s * 1000.0 / span_ms if span_ms > 0 else 0.0
-    per_block = prompts.trace_block_tokens(ls, TRACE_BLOCK_TOKENS)
-    n_conv = len({d["hash_ids"][1] for d in rows})
-    in_tokens = sum(max(1, round(d["input_length"] * ls)) for d in rows)
-    reuse = reusable_prompt_tokens(rows) / max(1, sum(d["input_length"] for d in rows))
+    desc, bench_args = conversation_workload(args, out, "pool")
     kv = args.pool_kv_tokens
-    desc = (f"{len(rows)} requests of {n_conv} conversations (trace lines {args.policies_start}.."
-            f"{args.policies_start + args.policies_window}); length scale {ls:g} ({per_block} tokens "
-            f"per trace block = {per_block / args.block_tokens:.1f} KV blocks), ~{in_tokens} prompt "
-            f"tokens, {100 * reuse:.0f}% of them a prefix of an earlier turn; output scale {os_:g}; "
-            f"arrivals squeezed into {args.policies_span_s:g} s; 2 prefill + 1 decode worker, 1 "
-            f"thread each, {kv} KV tokens each, --admission none, every prompt on a prefill worker "
-            f"(--no-local-prefill); the pool: 256 MiB of DRAM per worker")
+    desc += (f"; 2 prefill + 1 decode worker, 1 thread each, {kv} KV tokens each, --admission "
+             f"none, every prompt on a prefill worker (--no-local-prefill); the pool: 256 MiB of "
+             f"DRAM per worker")
     log(f"pool: {desc}")
-    bench_args = ["--trace", slice_path, "--length-scale", f"{ls:g}", "--output-scale", f"{os_:g}",
-                  "--time-scale", f"{time_scale:.6g}",
-                  *slo_bench_args(args.slo_ttft_ms, args.slo_tbt_ms)]
     base = disagg_args(2, 1, 1) + ["--admission", "none", "--no-local-prefill",
                                    "--kv-cache-tokens", str(kv), "--max-model-len", str(kv)] + \
         slo_server_args(args.slo_ttft_ms, args.slo_tbt_ms)

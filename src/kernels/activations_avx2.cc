@@ -2,7 +2,7 @@
 // reached only through the avx2 table). Same numerics as the AVX-512 versions.
 #include <immintrin.h>
 
-#include "kernels/exp_avx2_internal.h"
+#include "kernels/avx2_internal.h"
 #include "kernels/isa_internal.h"
 
 namespace tandem::kernels::internal {

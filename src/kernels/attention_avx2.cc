@@ -8,7 +8,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/exp_avx2_internal.h"
+#include "kernels/avx2_internal.h"
 #include "kernels/isa_internal.h"
 
 namespace tandem::kernels::internal {
@@ -19,20 +19,6 @@ constexpr int kVecs = 2;  // 8-wide output vectors per row kept in registers
 
 inline __m256 Fp16x8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-inline float HorizontalMax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-inline float HorizontalSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // All-ones lanes where lane index (base + 0..7) lies in [j0, n).

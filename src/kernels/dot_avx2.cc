@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "common/fp16.h"
+#include "kernels/avx2_internal.h"
 #include "kernels/gemm_driver_internal.h"
 #include "kernels/isa_internal.h"
 #include "kernels/quant_blocks_internal.h"
@@ -49,12 +50,6 @@ inline float Half(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-inline float Hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 inline int HsumI(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -365,7 +360,7 @@ void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     }
   }
   for (int r = 0; r < nr; ++r) {
-    for (int c = 0; c < C; ++c) y[c * ldy + r] = Hsum(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = HorizontalSum(acc[r][c]);
   }
 }
 
@@ -389,7 +384,7 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     }
   }
   for (int r = 0; r < nr; ++r) {
-    for (int c = 0; c < C; ++c) y[c * ldy + r] = Hsum(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = HorizontalSum(acc[r][c]);
   }
 }
 

@@ -314,11 +314,18 @@ class LocalBackendImpl final : public LocalBackend {
         MutexLock lock(&mu_);
         idle_ = running_.empty() && waiting_.empty() && inbox_.empty() && reservations_.empty();
         if (idle_) idle_cv_.NotifyAll();
-        // Sleeps until work arrives, or until the earliest reservation expires.
-        cv_.WaitUntil(&mu_, NextReservationExpiry(), [&] {
+        // Sleeps until work arrives, or until the earliest reservation expires. Waiting
+        // requests that could not be admitted, with nothing running, are retried every
+        // kStalledRetry rather than in a busy loop (memory comes back with a command, a
+        // reservation's expiry or a deadline).
+        const Clock::time_point wake =
+            admission_stalled_ ? std::min(NextReservationExpiry(), Clock::now() + kStalledRetry)
+                               : NextReservationExpiry();
+        cv_.WaitUntil(&mu_, wake, [&] {
           mu_.AssertHeld();
-          return stop_ || !inbox_.empty() || !running_.empty() || !waiting_.empty() ||
-                 !commands_.empty() || ReservationDue();
+          return stop_ || !inbox_.empty() || !running_.empty() ||
+                 (!waiting_.empty() && !admission_stalled_) || !commands_.empty() ||
+                 ReservationDue() || (admission_stalled_ && Clock::now() >= wake);
         });
         for (auto& s : inbox_) waiting_.push_back(std::move(s));
         inbox_.clear();
@@ -340,6 +347,7 @@ class LocalBackendImpl final : public LocalBackend {
       commands.clear();
       ExpireDeadlines();
       Admit();
+      admission_stalled_ = running_.empty() && !waiting_.empty();
       PublishStats();  // before the step, so that Submit sees the admissions at once
       if (!running_.empty()) Step();
       PublishStats();
@@ -440,10 +448,14 @@ class LocalBackendImpl final : public LocalBackend {
         s.n_computed = static_cast<int>(s.blocks.size()) * block_tokens_;
       }
       if (!Reserve(s, static_cast<int64_t>(s.tokens.size()))) {
-        // Not enough memory now: keep the matched prefix out of the way and wait.
+        // Not enough memory now: keep what it computed as prefix cache (e.g. KV a prefill
+        // worker pushed) and its blocks out of the way, let waiting sequences that already
+        // hold their KV run if they fit (they may be what holds the memory), and wait.
+        OfferBlocks(s);
         kv_.Release(s.blocks);
         s.blocks.clear();
         s.n_computed = 0;
+        AdmitHoldersBehind();
         break;
       }
       // Then what the KV pool holds of the rest, read into the blocks just reserved (so a
@@ -457,6 +469,21 @@ class LocalBackendImpl final : public LocalBackend {
       }
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
+    }
+  }
+
+  // Admits the waiting sequences after the head that already hold blocks (KV pushed by a
+  // prefill worker) and can get the rest now, in order.
+  void AdmitHoldersBehind() {
+    for (size_t i = 1;
+         i < waiting_.size() && static_cast<int>(running_.size()) < options_.max_num_seqs;) {
+      Sequence& w = *waiting_[i];
+      if (w.blocks.empty() || !Reserve(w, static_cast<int64_t>(w.tokens.size()))) {
+        ++i;
+        continue;
+      }
+      running_.push_back(std::move(waiting_[i]));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
 
@@ -697,6 +724,10 @@ class LocalBackendImpl final : public LocalBackend {
   // Loop thread only (no lock; RunOnLoop / PostToLoop run other threads' work there).
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
+  // Nothing runs and the waiting could not be admitted at the last turn (loop thread only; read
+  // by the loop's own wait).
+  bool admission_stalled_ = false;
+  static constexpr std::chrono::milliseconds kStalledRetry{20};
 
   Mutex mu_;
   CondVar cv_;       // work arrived or stop/drain requested

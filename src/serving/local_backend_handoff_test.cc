@@ -17,12 +17,13 @@ namespace {
 constexpr const char* kSmolLm2 = "SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr const char* kGemma = "gemma-3-270m-q4_k_m.gguf";  // sliding-window layers
 
-std::unique_ptr<engine::Engine> LoadEngine(const std::string& file = kSmolLm2) {
+std::unique_ptr<engine::Engine> LoadEngine(const std::string& file = kSmolLm2,
+                                           int kv_tokens = 4096) {
   const char* dir = std::getenv("TANDEM_SOURCE_DIR");
   engine::EngineOptions o;
   o.model_path = std::string(dir ? dir : ".") + "/models/" + file;
   o.threads = 1;
-  o.kv_capacity_tokens = 4096;
+  o.kv_capacity_tokens = kv_tokens;
   // The window arena as a server with these scheduler settings sizes it (MakePair).
   o.max_sequences = 8;
   o.max_step_tokens = 48;
@@ -283,6 +284,52 @@ TEST(HandoffReservationTest, FirstTokenThatEndsTheRequestFinishesAtOnce) {
   EXPECT_EQ(info.reason, FinishReason::kLength);
   EXPECT_EQ(info.completion_tokens, 1);
   EXPECT_TRUE(sink->tokens().empty());
+}
+
+// A request that waits for memory at the head of the queue, with nothing running, must not
+// block prefilled sequences behind it that already hold their KV: they run, finish, and free
+// the memory it waits for (before, the decode side spun in its loop with all of them stuck).
+TEST(HandoffQueueTest, PrefilledSequencesRunWhileAnEarlierRequestWaitsForMemory) {
+  Pair p;
+  p.prefill_engine = LoadEngine(kSmolLm2);
+  p.decode_engine = LoadEngine(kSmolLm2, /*kv_tokens=*/96);  // 6 blocks of 16
+  ASSERT_TRUE(p.prefill_engine && p.decode_engine);
+  p.prefill = MakeLocalBackend(p.prefill_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
+  p.decode = MakeLocalBackend(p.decode_engine.get(), {.max_num_seqs = 8, .max_batch_tokens = 48});
+  const auto a = Request(*p.prefill_engine, "a", "The capital of France is", 6);
+  const int n_a = static_cast<int>(a.prompt_tokens.size());
+  ASSERT_LE(n_a + 6, 16);  // one block holds it to the end
+  auto reserved = p.decode->ReserveBlocks("a", n_a + 1, Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  ASSERT_EQ(reserved->blocks.size(), 1u);
+
+  // 88 prompt tokens + 4: six blocks, and only five are free while "a" holds one.
+  GenerationRequest big;
+  big.id = "big";
+  for (int i = 0; i < 88; ++i) big.prompt_tokens.push_back(500 + i);
+  big.max_tokens = 4;
+  big.ignore_eos = true;
+  auto big_sink = std::make_shared<Collector>();
+  ASSERT_TRUE(p.decode->Submit(big, big_sink).ok());
+
+  auto observer =
+      std::make_shared<CopyingObserver>(&p.prefill_engine->kv(), &p.decode_engine->kv(), *reserved);
+  GenerationRequest first = a;
+  first.max_tokens = 1;
+  auto prefill_sink = std::make_shared<Collector>();
+  ASSERT_TRUE(p.prefill->SubmitObserved(first, prefill_sink, observer).ok());
+  prefill_sink->Wait();
+  auto a_sink = std::make_shared<Collector>();
+  ASSERT_TRUE(p.decode->SubmitPrefilled(a, prefill_sink->tokens().at(0), a_sink).ok());
+
+  auto a_done = std::async(std::launch::async, [&] { return a_sink->Wait(); });
+  ASSERT_EQ(a_done.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the prefilled sequence never ran";
+  EXPECT_EQ(a_done.get().completion_tokens, a.max_tokens);
+  auto big_done = std::async(std::launch::async, [&] { return big_sink->Wait(); });
+  ASSERT_EQ(big_done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const FinishInfo info = big_done.get();
+  EXPECT_EQ(info.completion_tokens, 4) << info.message;
 }
 
 }  // namespace

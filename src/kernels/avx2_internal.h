@@ -1,6 +1,6 @@
-// Internal header (kernels only). Vector exp for the AVX2 kernels (activations, attention):
-// include only from translation units built with the AVX2 flags and reached through the avx2
-// table.
+// Internal header (kernels only). Vector exp and horizontal reductions shared by the AVX2
+// kernels (matmul, activations, attention): include only from translation units built with the
+// AVX2 flags and reached through the avx2 table.
 #pragma once
 
 #include <immintrin.h>
@@ -26,6 +26,20 @@ inline __m256 Exp8(__m256 x) {
   const __m256i pow2n =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
+}
+
+// Sum and maximum of the 8 lanes.
+inline float HorizontalSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
 }
 
 }  // namespace tandem::kernels::internal
