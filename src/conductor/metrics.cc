@@ -170,7 +170,9 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   counter("tandem_kv_transfer_bytes_total", "KV bytes pushed from prefill to decode workers.",
           double(totals.kv_bytes));
   // The cluster KV pool, as its clients (the workers) see it, by role.
-  for (const auto& [role, p] : totals.pool) {
+  for (const auto& entry : totals.pool) {
+    const std::string& role = entry.first;  // (clang 14 cannot capture a structured binding)
+    const cluster::KvPoolStats& p = entry.second;
     auto pool = [&](const char* name, const char* help, bool is_counter, double v,
                     std::vector<std::pair<std::string, std::string>> labels = {}) {
       labels.insert(labels.begin(), {"role", role});
