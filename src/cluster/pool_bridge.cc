@@ -19,18 +19,13 @@ std::vector<std::string> PoolBridge::ObjectKeys(std::span<const uint64_t> keys) 
   return out;
 }
 
-serving::KvPool::Fetched PoolBridge::Fetch(
-    std::span<const uint64_t> keys, const std::function<std::vector<int32_t>(int)>& allocate) {
-  Fetched out;
-  if (keys.empty()) return out;
-  const auto deadline = store::Clock::now() + fetch_timeout_;
-  auto prefix = client_->Lookup(ObjectKeys(keys), deadline);
-  if (!prefix.ok() || prefix->keys.empty()) return out;  // a miss, or no master (counted)
-  out.blocks = allocate(static_cast<int>(prefix->keys.size()));
+int PoolBridge::Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) {
+  if (keys.empty()) return 0;
   std::vector<void*> dests;
-  for (int32_t b : out.blocks) dests.push_back(BlockData(b));
-  out.filled = client_->Read(*prefix, dests, kv_->BlockBytes(), deadline);
-  return out;
+  for (int32_t b : blocks) dests.push_back(BlockData(b));
+  const auto deadline = store::Clock::now() + fetch_timeout_;
+  auto filled = client_->GetPrefix(ObjectKeys(keys), dests, kv_->BlockBytes(), deadline);
+  return filled.ok() ? *filled : 0;  // a miss, or no master (counted by the client)
 }
 
 void PoolBridge::Offer(std::span<const uint64_t> keys, std::span<const int32_t> blocks) {

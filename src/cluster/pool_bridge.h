@@ -24,8 +24,7 @@ class PoolBridge final : public serving::KvPool {
   PoolBridge(store::PoolClient* client, engine::PagedKvCache* kv, const std::string& model,
              std::chrono::milliseconds fetch_timeout, std::chrono::milliseconds put_timeout);
 
-  Fetched Fetch(std::span<const uint64_t> keys,
-                const std::function<std::vector<int32_t>(int)>& allocate) override;
+  int Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override;
   void Offer(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override;
 
   const std::string& ns() const { return ns_; }

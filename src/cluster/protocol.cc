@@ -181,10 +181,10 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
 }
 
 std::string WorkerStats::ToJson() const {
-  const json p = {{"enabled", pool.enabled},
-                  {"lookups", pool.lookups},
+  const json p = {{"enabled", pool_enabled},
+                  {"get_calls", pool.get_calls},
                   {"hit_objects", pool.hit_objects},
-                  {"miss_lookups", pool.miss_lookups},
+                  {"miss_calls", pool.miss_calls},
                   {"bytes_fetched", pool.bytes_fetched},
                   {"fetch_seconds", pool.fetch_seconds},
                   {"fetch_failures", pool.fetch_failures},
@@ -218,10 +218,10 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
     }
     if (j.contains("pool")) {
       const json& p = j.at("pool");
-      s.pool.enabled = p.value("enabled", false);
-      s.pool.lookups = p.value("lookups", uint64_t{0});
+      s.pool_enabled = p.value("enabled", false);
+      s.pool.get_calls = p.value("get_calls", uint64_t{0});
       s.pool.hit_objects = p.value("hit_objects", uint64_t{0});
-      s.pool.miss_lookups = p.value("miss_lookups", uint64_t{0});
+      s.pool.miss_calls = p.value("miss_calls", uint64_t{0});
       s.pool.bytes_fetched = p.value("bytes_fetched", uint64_t{0});
       s.pool.fetch_seconds = p.value("fetch_seconds", 0.0);
       s.pool.fetch_failures = p.value("fetch_failures", uint64_t{0});

@@ -21,6 +21,7 @@
 #include "conductor/policy/cost_model.h"
 #include "engine/sampling_params.h"
 #include "serving/backend.h"
+#include "store/pool_stats.h"
 
 namespace tandem::cluster {
 
@@ -55,22 +56,10 @@ struct WorkerInfo {
   static StatusOr<WorkerInfo> FromJson(const std::string& json);
 };
 
-// The worker's use of the cluster KV pool (store/pool.h), cumulative.
-struct KvPoolStats {
-  bool enabled = false;
-  uint64_t lookups = 0, hit_objects = 0, miss_lookups = 0;  // blocks asked for, found
-  uint64_t bytes_fetched = 0;
-  double fetch_seconds = 0;
-  uint64_t fetch_failures = 0;  // blocks found but not read (the prefix stopped there)
-  uint64_t put_objects = 0, put_existing = 0, put_no_space = 0, put_failures = 0;
-  uint64_t bytes_put = 0;
-  uint64_t master_unavailable = 0;  // calls that found no master (the worker computed)
-  uint64_t dram_bytes = 0;          // this worker's contribution
-};
-
 struct WorkerStats {
   serving::BackendStats backend;
-  KvPoolStats pool;
+  bool pool_enabled = false;       // the worker uses the cluster KV pool (store/pool.h)
+  store::PoolClientStats pool;     // its client's counters
   uint64_t kv_bytes_pushed = 0;    // prefill side: KV written to decode workers
   uint64_t transfer_failures = 0;  // batches that failed
   uint64_t transfer_timeouts = 0;  // batches that timed out

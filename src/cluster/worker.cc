@@ -281,21 +281,8 @@ class WorkerImpl final : public Worker {
       s.kv_wait_timeouts = kv_wait_timeouts_.load();
       s.cached_block_keys = backend_->CachedBlockKeys();
       if (pool_) {
-        const store::PoolClientStats p = pool_->Stats();
-        s.pool = {true,
-                  p.get_calls,
-                  p.hit_objects,
-                  p.miss_calls,
-                  p.bytes_fetched,
-                  p.fetch_seconds,
-                  p.fetch_failures,
-                  p.put_objects,
-                  p.put_existing,
-                  p.put_no_space,
-                  p.put_failures,
-                  p.bytes_put,
-                  p.master_unavailable,
-                  options_.pool_dram_bytes};
+        s.pool_enabled = true;
+        s.pool = pool_->Stats();
       }
       res.set_content(s.ToJson(), "application/json");
     });

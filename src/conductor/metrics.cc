@@ -47,24 +47,7 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
     transfer_timeouts += w.stats.transfer_timeouts;
     kv_wait_timeouts += w.stats.kv_wait_timeouts;
     kv_bytes += w.stats.kv_bytes_pushed;
-    const cluster::KvPoolStats& p = w.stats.pool;
-    if (p.enabled) {
-      cluster::KvPoolStats& t = pool[o.role];
-      t.enabled = true;
-      t.lookups += p.lookups;
-      t.hit_objects += p.hit_objects;
-      t.miss_lookups += p.miss_lookups;
-      t.bytes_fetched += p.bytes_fetched;
-      t.fetch_seconds += p.fetch_seconds;
-      t.fetch_failures += p.fetch_failures;
-      t.put_objects += p.put_objects;
-      t.put_existing += p.put_existing;
-      t.put_no_space += p.put_no_space;
-      t.put_failures += p.put_failures;
-      t.bytes_put += p.bytes_put;
-      t.master_unavailable += p.master_unavailable;
-      t.dram_bytes += p.dram_bytes;
-    }
+    if (w.stats.pool_enabled) pool[o.role] += w.stats.pool;
   }
 }
 
@@ -172,16 +155,16 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   // The cluster KV pool, as its clients (the workers) see it, by role.
   for (const auto& entry : totals.pool) {
     const std::string& role = entry.first;  // (clang 14 cannot capture a structured binding)
-    const cluster::KvPoolStats& p = entry.second;
+    const store::PoolClientStats& p = entry.second;
     auto pool = [&](const char* name, const char* help, bool is_counter, double v,
                     std::vector<std::pair<std::string, std::string>> labels = {}) {
       labels.insert(labels.begin(), {"role", role});
       s->extra.push_back({name, help, is_counter, std::move(labels), v});
     };
     pool("tandem_kv_pool_lookups_total",
-         "Prompts whose uncached part was looked up in the KV pool.", true, double(p.lookups));
+         "Prompts whose uncached part was looked up in the KV pool.", true, double(p.get_calls));
     pool("tandem_kv_pool_miss_lookups_total", "KV pool lookups that found nothing.", true,
-         double(p.miss_lookups));
+         double(p.miss_calls));
     pool("tandem_kv_pool_hit_blocks_total", "KV blocks read from the KV pool instead of computed.",
          true, double(p.hit_objects));
     pool("tandem_kv_pool_fetched_bytes_total", "Bytes read from the KV pool.", true,

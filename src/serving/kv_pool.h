@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <vector>
 
@@ -16,16 +15,10 @@ namespace tandem::serving {
 class KvPool {
  public:
   virtual ~KvPool() = default;
-  // Finds the longest prefix of `keys` (prefix-hash keys of consecutive full blocks) the pool
-  // holds, asks `allocate(n)` for n fresh blocks (it may return fewer, or none), and reads the
-  // KV of the first keys into them in order. Returns the blocks allocate gave, and how many
-  // leading ones now hold their key's KV (the caller frees the rest).
-  struct Fetched {
-    std::vector<int32_t> blocks;
-    int filled = 0;
-  };
-  virtual Fetched Fetch(std::span<const uint64_t> keys,
-                        const std::function<std::vector<int32_t>(int)>& allocate) = 0;
+  // Reads the KV of the longest prefix of `keys` (prefix-hash keys of consecutive full blocks)
+  // the pool holds into `blocks` (blocks[i] for keys[i], the caller's fresh blocks; same
+  // length). Returns how many leading blocks now hold their key's KV.
+  virtual int Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) = 0;
   // Offers full blocks whose KV is complete, under their keys (blocks[i] holds keys[i]).
   virtual void Offer(std::span<const uint64_t> keys, std::span<const int32_t> blocks) = 0;
 };

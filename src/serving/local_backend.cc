@@ -500,11 +500,8 @@ class LocalBackendImpl final : public LocalBackend {
     const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
     if (have >= max_blocks) return;
     const auto keys = KeysOf(s, s.tokens.size()).subspan(have, max_blocks - have);
-    KvPool::Fetched got = options_.kv_pool->Fetch(keys, [&](int n) {
-      n = std::min(n, max_blocks - have);
-      return std::vector<int32_t>(s.blocks.begin() + have, s.blocks.begin() + have + n);
-    });
-    const int filled = std::min<int>(got.filled, static_cast<int>(got.blocks.size()));
+    const int filled =
+        options_.kv_pool->Fetch(keys, std::span(s.blocks).subspan(have, max_blocks - have));
     for (int i = 0; i < filled; ++i) prefix_cache_.Insert(keys[i], s.blocks[have + i]);
     if (filled > 0) {
       s.n_computed += filled * block_tokens_;

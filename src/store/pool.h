@@ -31,6 +31,7 @@
 
 #include "common/status.h"
 #include "store/master_state.h"
+#include "store/pool_stats.h"
 
 namespace tandem::transfer {
 class MetadataStore;
@@ -89,16 +90,6 @@ struct PoolClientOptions {
   std::chrono::milliseconds segment_ttl{5000};
 };
 
-struct PoolClientStats {
-  uint64_t get_calls = 0, hit_objects = 0, miss_calls = 0;  // miss: a GetPrefix with no hit
-  uint64_t bytes_fetched = 0;
-  double fetch_seconds = 0;     // wall time of the reads of every hit
-  uint64_t fetch_failures = 0;  // objects that could not be read (the prefix stopped there)
-  uint64_t put_objects = 0, put_existing = 0, put_no_space = 0, put_failures = 0;
-  uint64_t bytes_put = 0;
-  uint64_t master_unavailable = 0;  // calls that found no master
-};
-
 class PoolClient {
  public:
   static StatusOr<std::unique_ptr<PoolClient>> Create(PoolClientOptions options);
@@ -112,21 +103,11 @@ class PoolClient {
   // Reads the longest prefix of `keys` that the pool holds: object i (size bytes) into dests[i]
   // (memory registered with the engine, e.g. a KV block). Returns how many leading objects were
   // read (0 on a miss); an object that cannot be read ends the prefix there (counted; the bad
-  // replica is reported to the master). Unavailable when no master answers. Lookup + Read.
+  // replica is reported to the master). Unavailable when no master answers. The objects are
+  // leased to this reader (not evictable) until shortly after `deadline`.
   virtual StatusOr<int> GetPrefix(const std::vector<std::string>& keys,
                                   const std::vector<void*>& dests, uint64_t size,
                                   Clock::time_point deadline) = 0;
-  // The two halves of GetPrefix, for a caller that sizes its destination by the hit: the
-  // longest held prefix of `keys`, leased to this reader until shortly after `deadline`...
-  struct Prefix {
-    std::vector<std::string> keys;                // the prefix's keys
-    std::vector<std::vector<Location>> replicas;  // per key, where its object is
-  };
-  virtual StatusOr<Prefix> Lookup(const std::vector<std::string>& keys,
-                                  Clock::time_point deadline) = 0;
-  // ...then its first dests.size() objects read into dests; returns how many leading ones were.
-  virtual int Read(const Prefix& prefix, const std::vector<void*>& dests, uint64_t size,
-                   Clock::time_point deadline) = 0;
   // Stores objects (size bytes each from srcs[i], registered memory) the pool does not hold
   // yet; returns how many were newly stored. Objects that find no space are skipped (counted).
   virtual StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,

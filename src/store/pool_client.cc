@@ -82,6 +82,7 @@ class PoolClientImpl final : public PoolClient {
     {
       MutexLock lock(&mu_);
       mounts_[segment] = bytes;
+      stats_.dram_bytes += bytes;
       if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     }
     if (Status st = MountOne(segment, bytes, Clock::now() + options_.rpc_timeout); !st.ok()) {
@@ -96,75 +97,6 @@ class PoolClientImpl final : public PoolClient {
     TANDEM_ASSIGN_OR_RETURN(Prefix prefix, Lookup(keys, deadline));
     return Read(prefix, std::vector<void*>(dests.begin(), dests.begin() + prefix.keys.size()), size,
                 deadline);
-  }
-
-  StatusOr<Prefix> Lookup(const std::vector<std::string>& keys,
-                          Clock::time_point deadline) override {
-    Prefix prefix;
-    if (keys.empty()) return prefix;
-    Count([](PoolClientStats& s) { ++s.get_calls; });
-    // The lease outlives the caller's deadline a little: reads may run until then.
-    const auto lease =
-        std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1000);
-    TANDEM_ASSIGN_OR_RETURN(
-        json reply,
-        Call("/pool/get",
-             {{"keys", keys}, {"lease_ms", std::clamp<int64_t>(lease.count(), 0, 600000)}},
-             deadline));
-    try {
-      for (const auto& o : reply.at("objects")) {
-        prefix.replicas.push_back(internal::LocationsFromJson(o));
-      }
-    } catch (const json::exception& e) {
-      return Internal(std::string("pool master reply: ") + e.what());
-    }
-    if (prefix.replicas.size() > keys.size())
-      return Internal("pool master answered for other keys");
-    prefix.keys.assign(keys.begin(), keys.begin() + prefix.replicas.size());
-    if (prefix.keys.empty()) Count([](PoolClientStats& s) { ++s.miss_calls; });
-    return prefix;
-  }
-
-  int Read(const Prefix& prefix, const std::vector<void*>& dests, uint64_t size,
-           Clock::time_point deadline) override {
-    const size_t count = std::min(dests.size(), prefix.keys.size());
-    if (count == 0) return 0;
-    const auto& objects = prefix.replicas;
-    const Clock::time_point start = Clock::now();
-    // Every object from its first replica; an object whose read fails tries its next replica;
-    // the prefix ends at the first object no replica of which could be read.
-    std::vector<size_t> replica(count, 0);
-    std::vector<bool> done(count, false);
-    for (;;) {
-      std::vector<size_t> todo;
-      for (size_t i = 0; i < count; ++i) {
-        if (!done[i] && replica[i] < objects[i].size()) todo.push_back(i);
-      }
-      if (todo.empty()) break;
-      const std::vector<bool> ok = ReadObjects(objects, replica, todo, dests, size, deadline);
-      for (size_t t = 0; t < todo.size(); ++t) {
-        const size_t i = todo[t];
-        if (ok[t]) {
-          done[i] = true;
-        } else {
-          (void)Call("/pool/bad_replica",
-                     {{"key", prefix.keys[i]}, {"segment", objects[i][replica[i]].segment}},
-                     deadline);
-          ++replica[i];
-        }
-      }
-      if (Clock::now() >= deadline) break;
-    }
-    size_t n = 0;
-    while (n < count && done[n]) ++n;
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    Count([&](PoolClientStats& s) {
-      s.hit_objects += n;
-      s.bytes_fetched += n * size;
-      s.fetch_seconds += seconds;
-      s.fetch_failures += count - n;
-    });
-    return static_cast<int>(n);
   }
 
   StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,
@@ -262,6 +194,82 @@ class PoolClientImpl final : public PoolClient {
   }
 
  private:
+  // The longest held prefix of some keys, leased to this reader.
+  struct Prefix {
+    std::vector<std::string> keys;                // the prefix's keys
+    std::vector<std::vector<Location>> replicas;  // per key, where its object is
+  };
+
+  // GetPrefix's halves: the master's answer (one call), then the reads of its first
+  // dests.size() objects; returns how many leading ones were read.
+  StatusOr<Prefix> Lookup(const std::vector<std::string>& keys, Clock::time_point deadline) {
+    Prefix prefix;
+    if (keys.empty()) return prefix;
+    Count([](PoolClientStats& s) { ++s.get_calls; });
+    // The lease outlives the caller's deadline a little: reads may run until then.
+    const auto lease =
+        std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1000);
+    TANDEM_ASSIGN_OR_RETURN(
+        json reply,
+        Call("/pool/get",
+             {{"keys", keys}, {"lease_ms", std::clamp<int64_t>(lease.count(), 0, 600000)}},
+             deadline));
+    try {
+      for (const auto& o : reply.at("objects")) {
+        prefix.replicas.push_back(internal::LocationsFromJson(o));
+      }
+    } catch (const json::exception& e) {
+      return Internal(std::string("pool master reply: ") + e.what());
+    }
+    if (prefix.replicas.size() > keys.size())
+      return Internal("pool master answered for other keys");
+    prefix.keys.assign(keys.begin(), keys.begin() + prefix.replicas.size());
+    if (prefix.keys.empty()) Count([](PoolClientStats& s) { ++s.miss_calls; });
+    return prefix;
+  }
+
+  int Read(const Prefix& prefix, const std::vector<void*>& dests, uint64_t size,
+           Clock::time_point deadline) {
+    const size_t count = std::min(dests.size(), prefix.keys.size());
+    if (count == 0) return 0;
+    const auto& objects = prefix.replicas;
+    const Clock::time_point start = Clock::now();
+    // Every object from its first replica; an object whose read fails tries its next replica;
+    // the prefix ends at the first object no replica of which could be read.
+    std::vector<size_t> replica(count, 0);
+    std::vector<bool> done(count, false);
+    for (;;) {
+      std::vector<size_t> todo;
+      for (size_t i = 0; i < count; ++i) {
+        if (!done[i] && replica[i] < objects[i].size()) todo.push_back(i);
+      }
+      if (todo.empty()) break;
+      const std::vector<bool> ok = ReadObjects(objects, replica, todo, dests, size, deadline);
+      for (size_t t = 0; t < todo.size(); ++t) {
+        const size_t i = todo[t];
+        if (ok[t]) {
+          done[i] = true;
+        } else {
+          (void)Call("/pool/bad_replica",
+                     {{"key", prefix.keys[i]}, {"segment", objects[i][replica[i]].segment}},
+                     deadline);
+          ++replica[i];
+        }
+      }
+      if (Clock::now() >= deadline) break;
+    }
+    size_t n = 0;
+    while (n < count && done[n]) ++n;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    Count([&](PoolClientStats& s) {
+      s.hit_objects += n;
+      s.bytes_fetched += n * size;
+      s.fetch_seconds += seconds;
+      s.fetch_failures += count - n;
+    });
+    return static_cast<int>(n);
+  }
+
   template <typename F>
   void Count(F f) {
     MutexLock lock(&mu_);
