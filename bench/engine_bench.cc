@@ -157,7 +157,11 @@ int main(int argc, char** argv) {
   std::vector<int> threads = {1, 2}, prompt_lens = {128, 512, 2048}, batches = {1, 8, 32};
   int decode_steps = 32, repeats = 3, decode_context = 128;
   bool limits = true;
+  std::string isa = "auto";
   app.add_option("--model", model);
+  app.add_option("--isa", isa,
+                 "Kernel instruction set: auto (the best the CPU has), scalar, avx2, avx512, "
+                 "amx");
   app.add_option("--threads", threads)->delimiter(',');
   app.add_option("--prompt-lengths", prompt_lens)->delimiter(',');
   app.add_option("--batches", batches)->delimiter(',');
@@ -167,6 +171,10 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats);
   app.add_flag("!--no-limits", limits, "Skip measuring bandwidth and peak FLOP/s");
   CLI11_PARSE(app, argc, argv);
+  if (!tandem::kernels::ForceIsa(isa.c_str())) {
+    std::fprintf(stderr, "error: this CPU cannot run the instruction set '%s'\n", isa.c_str());
+    return 1;
+  }
 
   for (int nt : threads) {
     tandem::engine::EngineOptions opts;
@@ -190,6 +198,10 @@ int main(int argc, char** argv) {
         static_cast<double>(cfg.n_layers) *
         (2.0 * cfg.dim * cfg.q_dim() + 2.0 * cfg.dim * cfg.kv_dim() + 3.0 * cfg.dim * cfg.ffn_dim);
     const double head_params = static_cast<double>(cfg.vocab_size) * cfg.dim;
+    Emit({{"engine", "machine"},
+          {"threads", nt},
+          {"metric", "isa"},
+          {"value", tandem::kernels::ActiveIsa()}});
     if (limits) {
       Emit({{"engine", "machine"},
             {"threads", nt},

@@ -2,9 +2,13 @@
 #include "kernels/cpu_isa.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/isa_internal.h"
@@ -22,6 +26,14 @@ uint64_t ReadXcr0() {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
+// Linux hands out the 8 KiB AMX tile state only to processes that ask (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); once granted it holds for every thread.
+bool RequestTileData() {
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
 CpuFeatures Detect() {
   auto bit = [](uint32_t reg, int b) { return ((reg >> b) & 1u) != 0; };
   uint32_t a = 0, b = 0, c = 0, d = 0;
@@ -35,7 +47,8 @@ CpuFeatures Detect() {
   if (__get_cpuid_max(0, nullptr) < 7) return f;
   __cpuid_count(7, 0, a, b, c, d);
   const bool avx2 = bit(b, 5), avx512f = bit(b, 16), avx512dq = bit(b, 17), avx512bw = bit(b, 30),
-             avx512vl = bit(b, 31), avx512vnni = bit(c, 11), avx512fp16 = bit(d, 23);
+             avx512vl = bit(b, 31), avx512vnni = bit(c, 11), avx512fp16 = bit(d, 23),
+             amx_bf16 = bit(d, 22), amx_tile = bit(d, 24);
   const uint32_t max_leaf7 = a;
   bool avx512bf16 = false;
   if (max_leaf7 >= 1) {
@@ -46,17 +59,10 @@ CpuFeatures Detect() {
   f.avx512 = f.avx2 && os_zmm && avx512f && avx512bw && avx512vl && avx512dq && avx512vnni;
   f.avx512_bf16 = f.avx512 && avx512bf16;
   f.avx512_fp16 = f.avx512 && avx512fp16;
+  const bool os_tiles = (xcr0 & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
+  f.amx_bf16 = f.avx512_bf16 && amx_tile && amx_bf16 && os_tiles && RequestTileData();
   return f;
 }
-
-const IsaImpl* DetectedIsa() {
-  static const IsaImpl* const isa = DetectedCpuFeatures().avx512 ? internal::Avx512Isa()
-                                    : DetectedCpuFeatures().avx2 ? internal::Avx2Isa()
-                                                                 : internal::ScalarIsa();
-  return isa;
-}
-
-std::atomic<const IsaImpl*> g_forced{nullptr};
 
 // The table for a name, or null when unknown or not runnable here.
 const IsaImpl* Lookup(const char* isa) {
@@ -64,8 +70,35 @@ const IsaImpl* Lookup(const char* isa) {
   if (std::strcmp(isa, "scalar") == 0) return internal::ScalarIsa();
   if (std::strcmp(isa, "avx2") == 0 && cpu.avx2) return internal::Avx2Isa();
   if (std::strcmp(isa, "avx512") == 0 && cpu.avx512) return internal::Avx512Isa();
+  if (std::strcmp(isa, "amx") == 0 && cpu.amx_bf16) return internal::AmxIsa();
   return nullptr;
 }
+
+// The table when none is forced: $TANDEM_ISA where set to one the CPU runs (a warning on stderr
+// otherwise), else the best the CPU has.
+const IsaImpl* DefaultIsa() {
+  static const IsaImpl* const isa = [] {
+    const CpuFeatures& cpu = DetectedCpuFeatures();
+    const IsaImpl* best = cpu.amx_bf16 ? internal::AmxIsa()
+                          : cpu.avx512 ? internal::Avx512Isa()
+                          : cpu.avx2   ? internal::Avx2Isa()
+                                       : internal::ScalarIsa();
+    const char* wanted = std::getenv("TANDEM_ISA");
+    if (wanted == nullptr || *wanted == '\0' || std::strcmp(wanted, "auto") == 0) return best;
+    const IsaImpl* chosen = Lookup(wanted);
+    if (chosen == nullptr) {
+      std::fprintf(stderr,
+                   "tandem: TANDEM_ISA=%s is not an instruction set this CPU runs (scalar, avx2, "
+                   "avx512, amx); using %s\n",
+                   wanted, best->name);
+      return best;
+    }
+    return chosen;
+  }();
+  return isa;
+}
+
+std::atomic<const IsaImpl*> g_forced{nullptr};
 
 }  // namespace
 
@@ -77,7 +110,7 @@ const CpuFeatures& DetectedCpuFeatures() {
 namespace internal {
 const IsaImpl* CurrentIsa() {
   const IsaImpl* forced = g_forced.load(std::memory_order_relaxed);
-  return forced != nullptr ? forced : DetectedIsa();
+  return forced != nullptr ? forced : DefaultIsa();
 }
 }  // namespace internal
 

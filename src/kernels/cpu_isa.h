@@ -1,6 +1,7 @@
 // The one instruction-set switch of the kernels. Every SIMD kernel (MatMul, attention, the FFN
 // activation) runs through one per-ISA table (kernels/isa_internal.h), picked here: the best the
-// CPU has, unless forced (tests, benchmarks). Process-wide.
+// CPU has, unless the environment variable TANDEM_ISA names another (A/B runs of whole
+// processes) or code forces one (tests, benchmarks). Process-wide.
 #pragma once
 
 namespace tandem::kernels {
@@ -9,17 +10,21 @@ namespace tandem::kernels {
 struct CpuFeatures {
   bool avx2 = false;         // AVX2 + FMA + F16C: the "avx2" path
   bool avx512 = false;       // + AVX-512 F/BW/VL/DQ/VNNI: the "avx512" path
-  bool avx512_bf16 = false;  // AVX-512 BF16 dot products (reported; no kernel uses them yet)
-  bool avx512_fp16 = false;  // AVX-512 FP16 arithmetic (reported; no kernel uses them yet)
+  bool avx512_bf16 = false;  // AVX-512 BF16 dot products (reported; slower than fp32 FMAs here)
+  bool avx512_fp16 = false;  // AVX-512 FP16 arithmetic (reported; no kernel uses them)
+  // + AMX tiles with BF16 products, enabled by the OS and granted to this process: the "amx" path
+  bool amx_bf16 = false;
 };
 const CpuFeatures& DetectedCpuFeatures();
 
-// The instruction set the kernels use now: "avx512", "avx2" or "scalar".
+// The instruction set the kernels use now: "amx" (the avx512 kernels with attention on AMX
+// tiles), "avx512", "avx2" or "scalar".
 const char* ActiveIsa();
 
-// Forces an instruction set: "scalar", "avx2", "avx512"; "auto" or nullptr returns to the
-// detected one. Returns false (and changes nothing) for a name the CPU cannot run. Not to be
-// called while kernels run on other threads.
+// Forces an instruction set: "scalar", "avx2", "avx512", "amx"; "auto" or nullptr
+// returns to the default one (the environment variable TANDEM_ISA, read once, else the best
+// detected). Returns false (and changes nothing) for a name the CPU cannot run. Not to be called
+// while kernels run on other threads.
 bool ForceIsa(const char* isa);
 
 // Forces an instruction set for a scope (tests) and restores the previous choice on exit, even

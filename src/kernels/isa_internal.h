@@ -46,6 +46,8 @@ const IsaImpl* CurrentIsa();
 const IsaImpl* ScalarIsa();
 const IsaImpl* Avx2Isa();
 const IsaImpl* Avx512Isa();
+// The avx512 table with AMX-BF16 attention (attention_amx.cc); needs AMX-BF16 granted.
+const IsaImpl* AmxIsa();
 
 // Kernels the tables share or point at.
 
@@ -70,6 +72,8 @@ void AttendTileAvx2(const AttentionTile& a, int first_pos, int n_tokens, const f
                     int64_t q_stride, float* out, int64_t out_stride);
 void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
+void AttendTileAmx(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
+                   int64_t q_stride, float* out, int64_t out_stride);
 
 // A growable, 64-byte aligned buffer private to the calling thread; `slot` tells independent
 // buffers apart (0: activations in MatMul, 1: weight tiles in gemm). Contents are not kept

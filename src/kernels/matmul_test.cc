@@ -264,7 +264,9 @@ TEST(MatMulIsaTest, ForceAndReport) {
   EXPECT_STREQ(ActiveIsa(), "scalar");
   ASSERT_TRUE(ForceIsa("auto"));
   const std::string detected = ActiveIsa();
-  EXPECT_TRUE(detected == "scalar" || detected == "avx2" || detected == "avx512") << detected;
+  EXPECT_TRUE(detected == "scalar" || detected == "avx2" || detected == "avx512" ||
+              detected == "amx")
+      << detected;
 }
 
 // Zero activations and an all-zero block give exact zeros (no NaN from 0/0 scales).
