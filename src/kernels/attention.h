@@ -11,7 +11,7 @@
 
 namespace tandem::kernels {
 
-constexpr int kMaxAttentionTile = 16;   // query tokens per call
+constexpr int kMaxAttentionTile = 64;   // query tokens per call
 constexpr int kMaxAttentionGroup = 16;  // query heads per KV head
 constexpr int kMaxAttentionHeadDim = 256;
 
