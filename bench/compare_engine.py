@@ -77,6 +77,9 @@ def main():
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     model_bytes = __import__("os").path.getsize(args.model)
+    isas = sorted({v for (t, m), vs in limits.items() if m == "isa" for v in vs})
+    print(f"tandem kernels: {', '.join(isas) or 'unknown'} (TANDEM_ISA or engine_bench --isa "
+          "chooses)\n")
     print("| threads | measurement | tandem | llama.cpp | tandem / llama.cpp | vs limit "
           "| tandem min-max | llama.cpp min-max |")
     print("|---|---|---|---|---|---|---|---|")

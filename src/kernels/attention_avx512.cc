@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_avx512_internal.h"
 #include "kernels/exp_avx512_internal.h"
 #include "kernels/isa_internal.h"
 
@@ -137,16 +138,7 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
       for (; v0 < nv; ++v0) PvChunk<1>(vf, hd, v0, jlo, jhi, pj, corr, ar);
     }
   }
-  for (int t = 0; t < n_tokens; ++t) {
-    for (int gi = 0; gi < g; ++gi) {
-      const int r = t * g + gi;
-      float* o = out + t * out_stride + static_cast<int64_t>(gi) * hd;
-      const __m512 inv = _mm512_set1_ps(1.0f / st[r].sum);
-      for (int v = 0; v < nv; ++v) {
-        _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(acc + r * hd + 16 * v), inv));
-      }
-    }
-  }
+  StoreNormalizedRows(acc, st, n_tokens, g, hd, out, out_stride);
 }
 
 }  // namespace tandem::kernels::internal
