@@ -23,6 +23,8 @@ TEST(CpuIsaTest, DetectionAgreesWithTheCompilersOwn) {
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                 __builtin_cpu_supports("avx512vnni"));
   EXPECT_EQ(f.avx512_bf16, f.avx512 && __builtin_cpu_supports("avx512bf16"));
+  // amx_bf16 also needs the kernel to grant the tile state, which libgcc does not ask.
+  EXPECT_TRUE(!f.amx_bf16 || __builtin_cpu_supports("amx-bf16"));
 }
 #endif
 
