@@ -153,11 +153,9 @@ void AttendTileAmx(const AttentionTile& a, int first_pos, int n_tokens, const fl
       const int bi = start / 16 + h;
       n_block[h] = bi < first_block ? 0 : std::clamp(last_pos + 1 - bi * 16, 0, 16);
       ConvertKeys(n_block[h] > 0 ? a.keys[bi] : nullptr, hd, kb[h]);
-      if (n_block[h] > 0) {
-        ConvertValues(a.values[bi], n_block[h], hd, vb + h * 8 * hd * 2);
-      } else {
-        std::fill(vb + h * 8 * hd * 2, vb + (h + 1) * 8 * hd * 2, uint16_t{0});
-      }
+      // An absent block's values are all zeros (n 0: the block is never read).
+      ConvertValues(n_block[h] > 0 ? a.values[bi] : nullptr, n_block[h], hd,
+                    vb + static_cast<int64_t>(h) * (kPairs / 2) * hd * 2);
     }
     for (int r0 = 0; r0 < rows; r0 += kTileRows) {
       // valid[i]: the span's positions row i sees (none for padding rows).

@@ -10,7 +10,7 @@ namespace tandem::kernels {
 struct CpuFeatures {
   bool avx2 = false;         // AVX2 + FMA + F16C: the "avx2" path
   bool avx512 = false;       // + AVX-512 F/BW/VL/DQ/VNNI: the "avx512" path
-  bool avx512_bf16 = false;  // AVX-512 BF16 dot products (reported; slower than fp32 FMAs here)
+  bool avx512_bf16 = false;  // AVX-512 BF16 dot products (the amx path converts with them)
   bool avx512_fp16 = false;  // AVX-512 FP16 arithmetic (reported; no kernel uses them)
   // + AMX tiles with BF16 products, enabled by the OS and granted to this process: the "amx" path
   bool amx_bf16 = false;
