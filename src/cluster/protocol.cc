@@ -86,7 +86,12 @@ json StatsJson(const serving::BackendStats& s) {
           {"generated_tokens", s.generated_tokens},
           {"preemptions", s.preemptions},
           {"reserved_blocks", s.reserved_blocks},
-          {"reservations_expired", s.reservations_expired}};
+          {"reservations_expired", s.reservations_expired},
+          {"busy_seconds_prefill", s.busy_seconds_prefill},
+          {"busy_seconds_decode", s.busy_seconds_decode},
+          {"computed_tokens_prefill", s.computed_tokens_prefill},
+          {"computed_tokens_decode", s.computed_tokens_decode},
+          {"engine_threads", s.engine_threads}};
 }
 
 serving::BackendStats StatsFrom(const json& j) {
@@ -105,6 +110,11 @@ serving::BackendStats StatsFrom(const json& j) {
   s.preemptions = j.value("preemptions", int64_t{0});
   s.reserved_blocks = j.value("reserved_blocks", 0);
   s.reservations_expired = j.value("reservations_expired", int64_t{0});
+  s.busy_seconds_prefill = j.value("busy_seconds_prefill", 0.0);
+  s.busy_seconds_decode = j.value("busy_seconds_decode", 0.0);
+  s.computed_tokens_prefill = j.value("computed_tokens_prefill", int64_t{0});
+  s.computed_tokens_decode = j.value("computed_tokens_decode", int64_t{0});
+  s.engine_threads = j.value("engine_threads", 0);
   return s;
 }
 

@@ -61,6 +61,22 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(e2->error.code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(e2->error.message(), "late");
 
+  WorkerStats st;
+  st.backend.busy_seconds_prefill = 2.5;
+  st.backend.busy_seconds_decode = 0.75;
+  st.backend.computed_tokens_prefill = 4096;
+  st.backend.computed_tokens_decode = 77;
+  st.backend.engine_threads = 3;
+  st.cached_block_keys = {11, 12};
+  auto st2 = WorkerStats::FromJson(st.ToJson());
+  ASSERT_TRUE(st2.ok()) << st2.status().ToString();
+  EXPECT_DOUBLE_EQ(st2->backend.busy_seconds_prefill, 2.5);
+  EXPECT_DOUBLE_EQ(st2->backend.busy_seconds_decode, 0.75);
+  EXPECT_EQ(st2->backend.computed_tokens_prefill, 4096);
+  EXPECT_EQ(st2->backend.computed_tokens_decode, 77);
+  EXPECT_EQ(st2->backend.engine_threads, 3);
+  EXPECT_EQ(st2->cached_block_keys, (std::vector<uint64_t>{11, 12}));
+
   const Status back =
       StatusFromErrorJson(ErrorJson(Status(StatusCode::kResourceExhausted, "full")), "x");
   EXPECT_EQ(back.code(), StatusCode::kResourceExhausted);

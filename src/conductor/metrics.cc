@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "conductor/policy/placement.h"
 
@@ -39,6 +40,11 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
     context += d.prompt_tokens + d.emitted;
   }
   o.decoding = batch;
+  o.busy_prefill_s = w.stats.backend.busy_seconds_prefill;
+  o.busy_decode_s = w.stats.backend.busy_seconds_decode;
+  o.tokens_prefill = w.stats.backend.computed_tokens_prefill;
+  o.tokens_decode = w.stats.backend.computed_tokens_decode;
+  o.threads = w.stats.backend.engine_threads;
   o.decode_step_s =
       w.info.cost.valid() && batch > 0 ? w.info.cost.DecodeStepSeconds(batch, context) : 0;
   workers.push_back(o);
@@ -116,6 +122,28 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                         false,
                         {{"worker", w.name}},
                         w.decode_step_s});
+  }
+  for (const auto& w : totals.workers) {
+    if (w.threads <= 0) continue;  // no /stats yet
+    for (const auto& [phase, busy, tokens] :
+         {std::tuple{"prefill", w.busy_prefill_s, w.tokens_prefill},
+          std::tuple{"decode", w.busy_decode_s, w.tokens_decode}}) {
+      s->extra.push_back({"tandem_worker_busy_seconds_total",
+                          serving::kBusySecondsHelp,
+                          true,
+                          {{"worker", w.name}, {"role", w.role}, {"phase", phase}},
+                          busy});
+      s->extra.push_back({"tandem_worker_computed_tokens_total",
+                          serving::kComputedTokensHelp,
+                          true,
+                          {{"worker", w.name}, {"role", w.role}, {"phase", phase}},
+                          double(tokens)});
+    }
+    s->extra.push_back({"tandem_worker_threads",
+                        serving::kThreadsHelp,
+                        false,
+                        {{"worker", w.name}, {"role", w.role}},
+                        double(w.threads)});
   }
   auto counter = [&](const char* name, const char* help, double v) {
     s->extra.push_back({name, help, true, {}, v});

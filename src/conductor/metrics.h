@@ -32,6 +32,10 @@ class ConductorMetrics {
       double queue_s = 0;
       double decode_step_s = 0;  // predicted for its current batch (0: no model or empty)
       int decoding = 0;
+      // Its engine's utilisation counters at its last /stats (serving::BackendStats).
+      double busy_prefill_s = 0, busy_decode_s = 0;
+      int64_t tokens_prefill = 0, tokens_decode = 0;
+      int threads = 0;
     };
     std::vector<One> workers;
     // Sums over live workers.

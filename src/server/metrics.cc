@@ -202,6 +202,24 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
   w.Counter("tandem_kv_reservations_expired_total",
             "KV reservations freed because no transfer claimed them in time.",
             static_cast<double>(stats.reservations_expired));
+  if (stats.engine_threads > 0) {
+    // One engine (colocated): the families the conductor exports per worker, with this
+    // process as the only worker, so that utilisation reads the same in both modes.
+    const PrometheusWriter::Labels self = {{"worker", "colocated"}, {"role", "mixed"}};
+    auto phase = [&](const char* p) {
+      PrometheusWriter::Labels l = self;
+      l.emplace_back("phase", p);
+      return l;
+    };
+    w.Family("tandem_worker_busy_seconds_total", "counter", serving::kBusySecondsHelp,
+             {{phase("prefill"), stats.busy_seconds_prefill},
+              {phase("decode"), stats.busy_seconds_decode}});
+    w.Family("tandem_worker_computed_tokens_total", "counter", serving::kComputedTokensHelp,
+             {{phase("prefill"), static_cast<double>(stats.computed_tokens_prefill)},
+              {phase("decode"), static_cast<double>(stats.computed_tokens_decode)}});
+    w.Family("tandem_worker_threads", "gauge", serving::kThreadsHelp,
+             {{self, static_cast<double>(stats.engine_threads)}});
+  }
   // Backend-specific families, grouped by name in first-seen order.
   std::vector<std::string> names;
   for (const auto& m : stats.extra) {

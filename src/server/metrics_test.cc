@@ -97,6 +97,19 @@ TEST(MetricsTest, ServerMetricsExposition) {
   auto windowed = ParseExposition(m.Render(stats));
   EXPECT_EQ(windowed["tandem_kv_window_blocks_used"], 12);
   EXPECT_EQ(windowed["tandem_kv_window_blocks_free"], 18);
+  EXPECT_EQ(s.count("tandem_worker_threads{worker=\"colocated\",role=\"mixed\"}"), 0u);
+  stats.engine_threads = 2;  // one engine: its utilisation, labelled as the conductor labels it
+  stats.busy_seconds_prefill = 1.5;
+  stats.busy_seconds_decode = 0.25;
+  stats.computed_tokens_prefill = 900;
+  stats.computed_tokens_decode = 40;
+  auto engine = ParseExposition(m.Render(stats));
+  const std::string labels = "worker=\"colocated\",role=\"mixed\"";
+  EXPECT_EQ(engine["tandem_worker_threads{" + labels + "}"], 2);
+  EXPECT_EQ(engine["tandem_worker_busy_seconds_total{" + labels + ",phase=\"prefill\"}"], 1.5);
+  EXPECT_EQ(engine["tandem_worker_busy_seconds_total{" + labels + ",phase=\"decode\"}"], 0.25);
+  EXPECT_EQ(engine["tandem_worker_computed_tokens_total{" + labels + ",phase=\"prefill\"}"], 900);
+  EXPECT_EQ(engine["tandem_worker_computed_tokens_total{" + labels + ",phase=\"decode\"}"], 40);
   EXPECT_EQ(s["tandem_time_to_first_token_seconds_count"], 1);
   EXPECT_DOUBLE_EQ(s["tandem_time_to_first_token_seconds_sum"], 0.2);
   EXPECT_EQ(s["tandem_time_per_output_token_seconds_count"], 1);

@@ -77,6 +77,15 @@ struct ExtraMetric {
   double value = 0;
 };
 
+// Help texts of the per-worker utilisation families of /metrics (labels worker, role and, for
+// the first two, phase = prefill | decode), shared by the colocated server and the conductor.
+inline constexpr const char* kBusySecondsHelp =
+    "Wall seconds of the worker's forward passes; a step's time is split between its prompt and "
+    "decode tokens by count.";
+inline constexpr const char* kComputedTokensHelp =
+    "Tokens the worker's engine computed, by phase (a recomputed token counts as prefill).";
+inline constexpr const char* kThreadsHelp = "Engine threads of the worker (cores it computes on).";
+
 // A backend-specific histogram exposed as it is in /metrics.
 struct ExtraHistogram {
   std::string name;  // Prometheus name, "tandem_..."
@@ -100,6 +109,16 @@ struct BackendStats {
   int64_t preemptions = 0;              // cumulative
   int reserved_blocks = 0;              // decode side: held for KV being transferred in
   int64_t reservations_expired = 0;     // cumulative: reserved, never claimed, freed
+  // Utilisation of one engine (0 where the backend is not one engine, e.g. the conductor):
+  // cumulative wall seconds of its forward passes, each step's time split between its prompt
+  // tokens and its decode tokens in proportion to their counts (a row of a batched matmul costs
+  // the same whichever it is); the tokens of each phase (a decode token is one generated token
+  // fed back; a recomputed one after preemption counts as prefill); the engine's threads.
+  double busy_seconds_prefill = 0;
+  double busy_seconds_decode = 0;
+  int64_t computed_tokens_prefill = 0;
+  int64_t computed_tokens_decode = 0;
+  int engine_threads = 0;
   std::vector<ExtraMetric> extra;       // samples of one name are grouped into one family
   std::vector<ExtraHistogram> extra_histograms;
 };

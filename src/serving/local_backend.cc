@@ -285,6 +285,11 @@ class LocalBackendImpl final : public LocalBackend {
     s.preemptions = preemptions_.load();
     s.reserved_blocks = reserved_blocks_.load();
     s.reservations_expired = reservations_expired_.load();
+    s.busy_seconds_prefill = busy_us_prefill_.load() * 1e-6;
+    s.busy_seconds_decode = busy_us_decode_.load() * 1e-6;
+    s.computed_tokens_prefill = computed_prefill_.load();
+    s.computed_tokens_decode = computed_decode_.load();
+    s.engine_threads = engine_->options().threads;
     return s;
   }
 
@@ -622,7 +627,9 @@ class LocalBackendImpl final : public LocalBackend {
         }
       });
     }
+    const Clock::time_point forward_start = Clock::now();
     Status st = engine_->transformer().Forward(items, kv_, &logits_);
+    CountBusy(plan, Clock::now() - forward_start);
     if (!observed.empty()) engine_->transformer().SetLayerDoneCallback(nullptr);
     if (!st.ok()) {
       log_->error("forward step failed: {}", st.ToString());
@@ -658,6 +665,26 @@ class LocalBackendImpl final : public LocalBackend {
       }
     }
     ReapFinished();
+  }
+
+  // Adds a forward step's time to the busy counters, split by its tokens: a decode token is one
+  // generated token fed back (one position past the prompt); anything else is prefill work.
+  template <typename PlannedList>
+  void CountBusy(const PlannedList& plan, Clock::duration took) {
+    int64_t prefill = 0, decode = 0;
+    for (const auto& p : plan) {
+      if (p.n == 1 && p.seq->n_computed >= p.seq->n_prompt) {
+        ++decode;
+      } else {
+        prefill += p.n;
+      }
+    }
+    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(took).count();
+    const int64_t prefill_us = prefill + decode > 0 ? us * prefill / (prefill + decode) : 0;
+    busy_us_prefill_.fetch_add(prefill_us);
+    busy_us_decode_.fetch_add(us - prefill_us);
+    computed_prefill_.fetch_add(prefill);
+    computed_decode_.fetch_add(decode);
   }
 
   // Finishes every sequence marked finished: frees its blocks and tells its sink.
@@ -750,6 +777,10 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int> reserved_blocks_{0};
   std::atomic<int64_t> reservations_expired_{0};
+  std::atomic<int64_t> busy_us_prefill_{0};  // microseconds of forward passes (CountBusy)
+  std::atomic<int64_t> busy_us_decode_{0};
+  std::atomic<int64_t> computed_prefill_{0};
+  std::atomic<int64_t> computed_decode_{0};
 
   mutable Mutex keys_mu_;
   std::vector<uint64_t> cached_keys_ TANDEM_GUARDED_BY(keys_mu_);  // the prefix cache's keys

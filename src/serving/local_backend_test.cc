@@ -126,6 +126,31 @@ TEST(LocalBackendTest, ConcurrentRequestsGetTheirSoloOutput) {
   EXPECT_EQ(backend->Stats().running, 0);
 }
 
+TEST(LocalBackendTest, BusyTimeAndTokensAreCountedByPhase) {
+  auto e = LoadEngine(4096);
+  ASSERT_NE(e, nullptr);
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 32});
+  const BackendStats before = backend->Stats();
+  EXPECT_EQ(before.engine_threads, 2);
+  EXPECT_EQ(before.busy_seconds_prefill + before.busy_seconds_decode, 0.0);
+  std::vector<GenerationRequest> reqs = {Greedy(*e, Prompts(2)[0], 9),
+                                         Greedy(*e, Prompts(2)[1], 5)};
+  reqs[1].id = "second";
+  const Clock::time_point start = Clock::now();
+  SubmitAll(*backend, reqs);
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  const BackendStats s = backend->Stats();
+  // Every prompt token is computed once (chunks of up to 32); each generated token but the
+  // last is fed back once as a decode token.
+  EXPECT_EQ(s.computed_tokens_prefill,
+            static_cast<int64_t>(reqs[0].prompt_tokens.size() + reqs[1].prompt_tokens.size()));
+  EXPECT_EQ(s.computed_tokens_decode, (9 - 1) + (5 - 1));
+  EXPECT_GT(s.busy_seconds_prefill, 0.0);
+  EXPECT_GT(s.busy_seconds_decode, 0.0);
+  // Forward passes are a part of the wall time the requests took.
+  EXPECT_LE(s.busy_seconds_prefill + s.busy_seconds_decode, wall);
+}
+
 TEST(LocalBackendTest, SharedPrefixIsServedFromCacheWithSameOutput) {
   auto e = LoadEngine(4096);
   ASSERT_NE(e, nullptr);
