@@ -303,6 +303,39 @@ StatusOr<PrefillCall> PrefillCall::FromJson(const std::string& text) {
   });
 }
 
+std::string RoleChange::ToJson() const {
+  return json{{"role", RoleName(role)}, {"reason", reason}}.dump();
+}
+
+StatusOr<RoleChange> RoleChange::FromJson(const std::string& text) {
+  return Parse<RoleChange>(text, "role change", [](const json& j) -> StatusOr<RoleChange> {
+    RoleChange c;
+    TANDEM_ASSIGN_OR_RETURN(c.role, ParseRole(j.at("role").get<std::string>()));
+    c.reason = j.value("reason", "");
+    return c;
+  });
+}
+
+std::string RoleChangeResult::ToJson() const {
+  return json{{"role", RoleName(role)},
+              {"previous", RoleName(previous)},
+              {"prefills_in_flight", prefills_in_flight},
+              {"decodes_in_flight", decodes_in_flight}}
+      .dump();
+}
+
+StatusOr<RoleChangeResult> RoleChangeResult::FromJson(const std::string& text) {
+  return Parse<RoleChangeResult>(
+      text, "role change result", [](const json& j) -> StatusOr<RoleChangeResult> {
+        RoleChangeResult r;
+        TANDEM_ASSIGN_OR_RETURN(r.role, ParseRole(j.at("role").get<std::string>()));
+        TANDEM_ASSIGN_OR_RETURN(r.previous, ParseRole(j.at("previous").get<std::string>()));
+        r.prefills_in_flight = j.value("prefills_in_flight", 0);
+        r.decodes_in_flight = j.value("decodes_in_flight", 0);
+        return r;
+      });
+}
+
 std::string PrefillResult::ToJson() const {
   return json{{"first_token", first_token},           {"cached_tokens", cached_tokens},
               {"queue_seconds", queue_seconds},       {"prefill_seconds", prefill_seconds},

@@ -9,6 +9,10 @@
 //                                     "finish" or "error"
 //   POST /v1/prefill  PrefillCall ->  PrefillResult (200) or {"error": {...}} (4xx/5xx)
 //   POST /v1/cancel   {"id"}      ->  frees what the worker holds for the request
+//   POST /v1/role     RoleChange  ->  RoleChangeResult: the worker takes the new role at once
+//                                     (calls of a kind it no longer does are refused with
+//                                     FAILED_PRECONDITION), lets the work it holds finish, and
+//                                     republishes its WorkerInfo
 // Metadata: "tandem/workers/<name>" -> WorkerInfo, under the worker's lease.
 #pragma once
 
@@ -139,6 +143,27 @@ struct DecodeEvent {
 
   std::string ToJson() const;  // one line, no newline
   static StatusOr<DecodeEvent> FromJson(const std::string& json);
+};
+
+// A role switch (elastic pools): nothing is reloaded; the KV memory is one paged pool that
+// serves either role (a prefill worker's prefix cache is a decode worker's too).
+struct RoleChange {
+  Role role = Role::kMixed;
+  std::string reason;  // for the worker's log
+
+  std::string ToJson() const;
+  static StatusOr<RoleChange> FromJson(const std::string& json);
+};
+
+struct RoleChangeResult {
+  Role role = Role::kMixed;
+  Role previous = Role::kMixed;
+  // Work of the previous role still in flight at the switch; it finishes as it would have.
+  int prefills_in_flight = 0;
+  int decodes_in_flight = 0;
+
+  std::string ToJson() const;
+  static StatusOr<RoleChangeResult> FromJson(const std::string& json);
 };
 
 // {"error": {"code": "UNAVAILABLE", "message": "..."}} and back.

@@ -61,6 +61,18 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(e2->error.code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(e2->error.message(), "late");
 
+  auto rc = RoleChange::FromJson(RoleChange{Role::kPrefill, "queue"}.ToJson());
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  EXPECT_EQ(rc->role, Role::kPrefill);
+  EXPECT_EQ(rc->reason, "queue");
+  auto rr = RoleChangeResult::FromJson(RoleChangeResult{Role::kDecode, Role::kMixed, 2, 5}.ToJson());
+  ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+  EXPECT_EQ(rr->role, Role::kDecode);
+  EXPECT_EQ(rr->previous, Role::kMixed);
+  EXPECT_EQ(rr->prefills_in_flight, 2);
+  EXPECT_EQ(rr->decodes_in_flight, 5);
+  EXPECT_FALSE(RoleChange::FromJson(R"({"role": "boss"})").ok());
+
   WorkerStats st;
   st.backend.busy_seconds_prefill = 2.5;
   st.backend.busy_seconds_decode = 0.75;

@@ -202,6 +202,7 @@ class WorkerImpl final : public Worker {
     auto& kv = engine_->kv();
     info_.name = o.name;
     info_.role = o.role;
+    role_.store(o.role);
     info_.host = o.host;
     info_.pid = ::getpid();
     info_.kv_segment = segment_name_;
@@ -269,7 +270,7 @@ class WorkerImpl final : public Worker {
  private:
   void Routes() {
     http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(json{{"name", info_.name}, {"role", RoleName(info_.role)}}.dump(),
+      res.set_content(json{{"name", info_.name}, {"role", RoleName(role_.load())}}.dump(),
                       "application/json");
     });
     http_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
@@ -292,6 +293,9 @@ class WorkerImpl final : public Worker {
     http_.Post("/v1/decode", [this](const httplib::Request& req, httplib::Response& res) {
       HandleDecode(req, res);
     });
+    http_.Post("/v1/role", [this](const httplib::Request& req, httplib::Response& res) {
+      HandleRole(req, res);
+    });
     http_.Post("/v1/cancel", [this](const httplib::Request& req, httplib::Response& res) {
       std::string id;
       try {
@@ -302,6 +306,48 @@ class WorkerImpl final : public Worker {
       CancelPending(id, Cancelled("cancelled by the conductor"));
       res.set_content("{}", "application/json");
     });
+  }
+
+  // ---- role ----
+
+  // Work of one kind in flight on this worker (a call being answered), counted for the life of
+  // the object.
+  class InFlight {
+   public:
+    explicit InFlight(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
+    ~InFlight() { n_->fetch_sub(1); }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+
+   private:
+    std::atomic<int>* n_;
+  };
+
+  void HandleRole(const httplib::Request& req, httplib::Response& res) TANDEM_EXCLUDES(role_mu_) {
+    auto change = RoleChange::FromJson(req.body);
+    if (!change.ok()) return ReplyError(res, change.status());
+    MutexLock lock(&role_mu_);  // one switch at a time; the published info follows the role
+    RoleChangeResult r;
+    r.previous = role_.load();
+    r.role = change->role;
+    r.prefills_in_flight = prefills_in_flight_.load();
+    r.decodes_in_flight = decodes_in_flight_.load();
+    if (r.role != r.previous) {
+      WorkerInfo published = info_;
+      published.role = r.role;
+      if (Status st = metadata_->Put(std::string(kWorkersPrefix) + options_.name,
+                                     published.ToJson());
+          !st.ok()) {
+        return ReplyError(res, Unavailable("cannot publish the new role: " + st.message()));
+      }
+      // New calls see the new role from here; calls already accepted finish as they would have.
+      role_.store(r.role);
+      log_->info("role {} -> {} ({}); {} prefills and {} decode streams in flight finish as they are",
+                 RoleName(r.previous), RoleName(r.role),
+                 change->reason.empty() ? "asked" : change->reason, r.prefills_in_flight,
+                 r.decodes_in_flight);
+    }
+    res.set_content(r.ToJson(), "application/json");
   }
 
   // ---- prefill side ----
@@ -327,7 +373,8 @@ class WorkerImpl final : public Worker {
   }
 
   void HandlePrefill(const httplib::Request& req, httplib::Response& res) {
-    if (!CanPrefill(options_.role)) {
+    const InFlight in_flight(&prefills_in_flight_);
+    if (!CanPrefill(role_.load())) {
       return ReplyError(res, FailedPrecondition("worker " + options_.name + " does not prefill"));
     }
     auto call = PrefillCall::FromJson(req.body);
@@ -397,7 +444,7 @@ class WorkerImpl final : public Worker {
 
   void HandleDecode(const httplib::Request& req, httplib::Response& res)
       TANDEM_EXCLUDES(pending_mu_) {
-    if (!CanDecode(options_.role)) {
+    if (!CanDecode(role_.load())) {
       return ReplyError(res, FailedPrecondition("worker " + options_.name + " does not decode"));
     }
     auto call = DecodeCall::FromJson(req.body);
@@ -444,6 +491,8 @@ class WorkerImpl final : public Worker {
       pending_[key] = Pending{std::move(g), stream, kv_deadline};
     }
     const std::string id = call->id;
+    // Counted until the response object goes (its releaser runs then, once).
+    auto in_flight = std::make_shared<InFlight>(&decodes_in_flight_);
     res.set_chunked_content_provider(
         "application/x-ndjson",
         [this, stream, id](size_t, httplib::DataSink& out) {
@@ -465,7 +514,7 @@ class WorkerImpl final : public Worker {
           ExpireKvWait(id);
           return true;
         },
-        [this, stream, id](bool success) {
+        [this, stream, id, in_flight](bool success) {
           if (!success || !stream->done()) OnClientGone(id, *stream);
         });
   }
@@ -586,6 +635,12 @@ class WorkerImpl final : public Worker {
   std::deque<std::string> handoffs_ TANDEM_GUARDED_BY(handoff_mu_);
   std::atomic<bool> handoff_stop_{false};  // set under handoff_mu_ (by the destructor)
   std::thread handoff_thread_;             // started by Init(), joined by the destructor
+
+  // The role now (elastic pools: POST /v1/role changes it); read lock-free by the handlers.
+  std::atomic<Role> role_{Role::kMixed};
+  Mutex role_mu_;  // serialises role changes and their publication
+  std::atomic<int> prefills_in_flight_{0};
+  std::atomic<int> decodes_in_flight_{0};  // decode streams being answered
 
   // Counters: lock-free.
   std::atomic<uint64_t> kv_bytes_pushed_{0};

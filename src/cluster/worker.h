@@ -31,7 +31,7 @@ inline engine::EngineOptions WorkerEngineDefaults() {
 // so a knob of either is defined in one place) and the worker's own settings.
 struct WorkerOptions {
   std::string name;  // unique in the cluster
-  Role role = Role::kMixed;
+  Role role = Role::kMixed;  // at start
   // model_path, threads, block_tokens, kv_capacity_tokens (the worker sets kv_memory: its KV
   // lives in a transfer-engine segment).
   engine::EngineOptions engine = WorkerEngineDefaults();
@@ -55,6 +55,9 @@ struct WorkerOptions {
   uint64_t pool_dram_bytes = uint64_t{256} << 20;
 };
 
+// A worker's role can change while it runs (POST /v1/role, elastic pools); info() keeps what it
+// published at start, the metadata service has its current WorkerInfo.
+//
 // Thread-safety: port() and info() are fixed once Start() returns (read them from any thread);
 // Run() serves on the calling thread until Stop(), which may be called from another thread.
 class Worker {

@@ -1,0 +1,123 @@
+#include "conductor/policy/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <tuple>
+
+namespace tandem::conductor {
+namespace {
+
+using Action = PlannerDecision::Action;
+
+bool IsDecodeCapable(WorkerRole r) { return r != WorkerRole::kPrefill; }
+
+// The worker of `role` that can change now and costs least to move: for a decode worker the
+// fewest streams (then the least KV in use), for a prefill worker the least queued work. -1 if
+// none (unhealthy, or changed role within the dwell time).
+int Candidate(const PlannerInput& in, WorkerRole role, double dwell_s) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(in.workers.size()); ++i) {
+    const PlannerWorker& w = in.workers[i];
+    if (!w.healthy || w.role != role || w.since_switch_s < dwell_s) continue;
+    if (best < 0) {
+      best = i;
+      continue;
+    }
+    const PlannerWorker& b = in.workers[best];
+    const bool better = role == WorkerRole::kDecode
+                            ? std::tie(w.decoding, w.kv_used) < std::tie(b.decoding, b.kv_used)
+                            : w.prefill_queue_s < b.prefill_queue_s;
+    if (better) best = i;
+  }
+  return best;
+}
+
+}  // namespace
+
+const char* PlannerActionName(Action a) {
+  switch (a) {
+    case Action::kNone: return "none";
+    case Action::kToPrefill: return "to_prefill";
+    case Action::kToDecode: return "to_decode";
+  }
+  return "unknown";
+}
+
+PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
+  PlannerDecision d;
+  const double ttft = in.slo_ttft_s > 0 ? in.slo_ttft_s : o.ttft_scale_s;
+  const double tbt = in.slo_tbt_s > 0 ? in.slo_tbt_s : o.tbt_scale_s;
+  int n_prefill = 0, n_decode = 0;
+  double queued_s = in.held_prefill_s, prefill_busy = 0, decode_sum = 0;
+  for (const PlannerWorker& w : in.workers) {
+    if (!w.healthy) continue;
+    queued_s += w.prefill_queue_s;
+    if (w.role == WorkerRole::kPrefill) {
+      ++n_prefill;
+      prefill_busy += w.busy_share;
+    }
+    if (IsDecodeCapable(w.role)) {
+      ++n_decode;
+      decode_sum += std::max(w.decode_step_s / tbt, w.kv_used);
+    }
+  }
+  // Without prefill workers the decode workers compute the prompts.
+  const int prefill_capacity = n_prefill > 0 ? n_prefill : n_decode;
+  d.prefill_load = prefill_capacity > 0 ? queued_s / (prefill_capacity * ttft) : 0;
+  if (n_prefill > 0) d.prefill_load = std::max(d.prefill_load, prefill_busy / n_prefill);
+  d.decode_load = n_decode > 0 ? decode_sum / n_decode : 0;
+  d.prefill_workers = n_prefill;
+  d.decode_workers = n_decode;
+  auto figures = [&] {
+    return fmt::format("prefill load {:.2f} over {} workers, decode load {:.2f} over {}",
+                       d.prefill_load, n_prefill, d.decode_load, n_decode);
+  };
+  auto none = [&](const char* reason) {
+    d.reason = reason;
+    d.detail = figures();
+    return d;
+  };
+
+  const bool wants_prefill = d.prefill_load > o.high;
+  const bool wants_decode = d.decode_load > o.high;
+  if (wants_prefill == wants_decode) return none(wants_prefill ? "both_loaded" : "balanced");
+  if (in.since_last_switch_s < o.dwell_s / 2) return none("dwell");
+
+  if (wants_prefill) {
+    // A decode worker goes to prefill if the decode pool can spare it.
+    const double decode_after =
+        n_decode > 1 ? d.decode_load * n_decode / (n_decode - 1) : 1e9;  // 1e9: cannot give
+    if (n_decode <= o.min_decode) return none("min_pool");
+    if (d.decode_load >= o.low || decode_after >= o.high) return none("both_loaded");
+    const int i = Candidate(in, WorkerRole::kDecode, o.dwell_s);
+    if (i < 0) return none("no_candidate");
+    d.action = Action::kToPrefill;
+    d.worker = i;
+    d.reason = "prefill_load";
+    d.prefill_workers = n_prefill + 1;
+    d.decode_workers = n_decode - 1;
+    d.detail = fmt::format("{}: {} (decode load {:.2f} after)", in.workers[i].name, figures(),
+                           decode_after);
+    return d;
+  }
+  // A prefill worker goes to decode if the prefill pool (or, with no prefill worker left, the
+  // decode pool computing prompts too) can take its queue.
+  const double prefill_after =
+      n_prefill > 1 ? d.prefill_load * n_prefill / (n_prefill - 1)
+                    : d.prefill_load * std::max(n_prefill, 1) / (n_decode + 1);
+  if (n_prefill <= o.min_prefill) return none("min_pool");
+  if (d.prefill_load >= o.low || prefill_after >= o.high) return none("both_loaded");
+  const int i = Candidate(in, WorkerRole::kPrefill, o.dwell_s);
+  if (i < 0) return none("no_candidate");
+  d.action = Action::kToDecode;
+  d.worker = i;
+  d.reason = "decode_load";
+  d.prefill_workers = n_prefill - 1;
+  d.decode_workers = n_decode + 1;
+  d.detail = fmt::format("{}: {} (prefill load {:.2f} after)", in.workers[i].name, figures(),
+                         prefill_after);
+  return d;
+}
+
+}  // namespace tandem::conductor

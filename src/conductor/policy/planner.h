@@ -1,0 +1,75 @@
+// The planner of elastic pools: which worker, if any, should change role (prefill <-> decode)
+// now, decided from the load the conductor measures and predicts. A pure function like the
+// placement policy: the conductor calls it every interval with a snapshot and carries out the
+// decision; tests (and the simulator) call it with made-up snapshots.
+//
+// Loads, each a share of what the pool can take while meeting the SLOs (1.0: at the limit):
+//   prefill load = max(predicted prefill work queued in the cluster (on every worker and held
+//                      by the conductor) / (prefill workers x TTFT SLO),
+//                      mean measured busy share of the prefill workers)
+//   decode load  = mean over decode-capable workers of
+//                      max(predicted step time of its batch / TBT SLO, share of its KV in use)
+// (with no SLO, the defaults of PlannerOptions stand in). A worker moves from the pool below
+// `low` to the pool above `high` when the giving pool's load, spread over one worker fewer,
+// stays below `high` — hysteresis: the band between low and high is left alone. A worker that
+// changed role less than `dwell_s` ago does not change again, and the cluster makes at most one
+// change per `dwell_s` / 2, so the pools do not oscillate. A decode worker given to prefill is
+// the one holding the fewest streams (it finishes them; none is drained or cut).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "conductor/policy/placement.h"
+
+namespace tandem::conductor {
+
+struct PlannerWorker {
+  std::string name;
+  WorkerRole role = WorkerRole::kMixed;
+  bool healthy = false;
+  double since_switch_s = 1e9;  // since it last changed role (or joined)
+  double prefill_queue_s = 0;   // predicted prefill work placed there, not done
+  int decoding = 0;             // sequences in its decode batch
+  double decode_step_s = 0;     // predicted step time of that batch (0: none)
+  double kv_used = 0;           // share of its KV blocks held by sequences, 0..1
+  double busy_share = 0;        // share of recent wall time its engine computed, 0..1
+};
+
+struct PlannerInput {
+  std::vector<PlannerWorker> workers;
+  double held_prefill_s = 0;  // predicted prefill work of requests the conductor still holds
+  double slo_ttft_s = 0;      // 0: none (PlannerOptions::ttft_scale_s stands in)
+  double slo_tbt_s = 0;       // 0: none (PlannerOptions::tbt_scale_s stands in)
+  double since_last_switch_s = 1e9;  // since any worker last changed role
+};
+
+struct PlannerOptions {
+  double high = 0.7;    // a pool above this load asks for a worker
+  double low = 0.35;    // a pool gives one only while below this
+  double dwell_s = 10;  // a worker keeps a new role at least this long
+  int min_decode = 1;   // decode-capable workers kept (the cluster cannot serve without one)
+  int min_prefill = 0;  // prefill workers kept (decode workers can compute prompts themselves)
+  double ttft_scale_s = 2.0;  // stands in for a missing TTFT SLO
+  double tbt_scale_s = 0.1;   // stands in for a missing TBT SLO
+};
+
+struct PlannerDecision {
+  enum class Action { kNone, kToPrefill, kToDecode };
+  Action action = Action::kNone;
+  int worker = -1;  // index into PlannerInput::workers (kToPrefill / kToDecode)
+  // Why, as a short label for metrics: "prefill_load" / "decode_load" (a move), or for no move
+  // "balanced", "dwell", "min_pool" (the pool that would give is at its minimum size),
+  // "no_candidate" (its workers changed role within the dwell time, or are unhealthy),
+  // "both_loaded" (the giving pool is not below low, or would go above high with one fewer).
+  std::string reason;
+  std::string detail;  // a sentence with the figures, for the log
+  double prefill_load = 0, decode_load = 0;
+  int prefill_workers = 0, decode_workers = 0;  // pool sizes once the decision is carried out
+};
+
+const char* PlannerActionName(PlannerDecision::Action a);  // "none", "to_prefill", "to_decode"
+
+PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& options);
+
+}  // namespace tandem::conductor
