@@ -65,7 +65,8 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   ASSERT_TRUE(rc.ok()) << rc.status().ToString();
   EXPECT_EQ(rc->role, Role::kPrefill);
   EXPECT_EQ(rc->reason, "queue");
-  auto rr = RoleChangeResult::FromJson(RoleChangeResult{Role::kDecode, Role::kMixed, 2, 5}.ToJson());
+  auto rr =
+      RoleChangeResult::FromJson(RoleChangeResult{Role::kDecode, Role::kMixed, 2, 5}.ToJson());
   ASSERT_TRUE(rr.ok()) << rr.status().ToString();
   EXPECT_EQ(rr->role, Role::kDecode);
   EXPECT_EQ(rr->previous, Role::kMixed);

@@ -30,7 +30,7 @@ inline engine::EngineOptions WorkerEngineDefaults() {
 // What a worker is made of: its engine and scheduler (their own options, embedded as they are,
 // so a knob of either is defined in one place) and the worker's own settings.
 struct WorkerOptions {
-  std::string name;  // unique in the cluster
+  std::string name;          // unique in the cluster
   Role role = Role::kMixed;  // at start
   // model_path, threads, block_tokens, kv_capacity_tokens (the worker sets kv_memory: its KV
   // lives in a transfer-engine segment).

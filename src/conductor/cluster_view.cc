@@ -58,7 +58,12 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
     w.placed_keys.clear();
   }
   const auto now = Clock::now();
+  if (w.info.role != info.role && now - w.role_set_at > kRoleSettleTime) {
+    event = std::string("is ") + cluster::RoleName(info.role) + " now";
+    w.info.role = info.role;
+  }
   if (stats.ok()) {
+    SampleBusy(&w, stats->backend, now);
     w.stats = *stats;
     w.last_ok = now;
     if (!w.healthy && event.empty()) event = "answers again";
@@ -75,6 +80,30 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
     event = "stopped answering";
   }
   return event;
+}
+
+double ClusterView::DecodeStepSeconds(const Worker& w, int* batch) {
+  int64_t context = 0;
+  *batch = 0;
+  for (const auto& [seq, d] : w.decodes) {
+    if (!d.joined) continue;
+    ++*batch;
+    context += d.prompt_tokens + d.emitted;
+  }
+  return w.info.cost.valid() && *batch > 0 ? w.info.cost.DecodeStepSeconds(*batch, context) : 0;
+}
+
+void ClusterView::SampleBusy(Worker* w, const serving::BackendStats& b, Clock::time_point now) {
+  const double busy = b.busy_seconds_prefill + b.busy_seconds_decode;
+  const double dt = std::chrono::duration<double>(now - w->busy_sampled_at).count();
+  // A first sample, or a restarted worker (its counters start again): no rate yet.
+  if (w->busy_seconds >= 0 && busy >= w->busy_seconds && dt > 0) {
+    const double share = std::clamp((busy - w->busy_seconds) / dt, 0.0, 1.0);
+    const double weight = std::min(1.0, dt / kBusyAverageTime);
+    w->busy_share += weight * (share - w->busy_share);
+  }
+  w->busy_seconds = busy;
+  w->busy_sampled_at = now;
 }
 
 void ClusterView::ExpirePlacedKeys(Worker* w, Clock::time_point now) {

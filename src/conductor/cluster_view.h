@@ -26,6 +26,12 @@ namespace tandem::conductor {
 // predicted work (or its own prefill time, if longer) is ahead of it there (seconds).
 inline constexpr double kDispatchAheadS = 0.25;
 
+// A worker's role set by the conductor wins over a different one listed in the metadata service
+// for this long (a listing taken before the change may arrive after it).
+inline constexpr auto kRoleSettleTime = std::chrono::seconds(2);
+// Time constant of a worker's busy share (an exponential moving average of its probes).
+inline constexpr double kBusyAverageTime = 5.0;
+
 // What one request asks of the cluster, as the view accounts it.
 struct RequestLoad {
   uint64_t seq = 0;  // unique per request
@@ -80,6 +86,13 @@ class ClusterView {
     // profile was measured alone, the worker may share its cores now.
     double prefill_scale = 1.0;
     double decode_scale = 1.0;
+    // Elastic pools: when the conductor last changed its role (a listing older than
+    // kRoleSettleTime cannot undo it), and the share of wall time its engine computed, an
+    // average over about kBusyAverageTime of its /stats busy seconds.
+    Clock::time_point role_set_at{};
+    double busy_share = 0;
+    double busy_seconds = -1;  // at busy_sampled_at (-1: no sample yet)
+    Clock::time_point busy_sampled_at{};
   };
 
   std::map<std::string, Worker>& workers() { return workers_; }
@@ -94,6 +107,11 @@ class ClusterView {
   // Forgets placed prompt keys older than their lifetime on `w` (a probe does this; so does
   // the simulator, which has no probes).
   static void ExpirePlacedKeys(Worker* w, Clock::time_point now);
+  // The predicted step time of the decode batch the conductor placed on `w` and saw join
+  // (0 without a cost model or sequences); *batch gets its size.
+  static double DecodeStepSeconds(const Worker& w, int* batch);
+  // Folds a /stats answer's busy seconds into w->busy_share (ApplyProbe does this).
+  static void SampleBusy(Worker* w, const serving::BackendStats& b, Clock::time_point now);
   // Workers no longer listed: unhealthy. Returns their names.
   std::vector<std::string> MarkUnlisted(const std::unordered_set<std::string>& listed);
 

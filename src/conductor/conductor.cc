@@ -218,6 +218,43 @@ class ConductorImpl final : public Conductor {
 
   void CountWorkerRestart(Role) override { metrics_.restarts.fetch_add(1); }
 
+  Status ChangeRole(const std::string& worker, Role role, const std::string& reason) override
+      TANDEM_EXCLUDES(mu_) {
+    std::shared_ptr<WorkerClient> client;
+    Role from;
+    {
+      MutexLock lock(&mu_);
+      auto* w = view_.Find(worker);
+      if (w == nullptr || !w->client) return NotFound("no worker named " + worker);
+      client = w->client;
+      from = w->info.role;
+    }
+    auto changed = client->ChangeRole({role, reason}, Clock::now() + std::chrono::seconds(5));
+    if (!changed.ok()) {
+      log_->warn("worker {} did not switch to {}: {}", worker, cluster::RoleName(role),
+                 changed.status().ToString());
+      return changed.status().WithContext("worker " + worker);
+    }
+    const auto now = Clock::now();
+    {
+      MutexLock lock(&mu_);
+      if (auto* w = view_.Find(worker)) {
+        w->info.role = role;
+        w->role_set_at = now;
+      }
+      last_role_change_ = now;
+    }
+    if (changed->previous != role) {
+      metrics_.RoleSwitched(cluster::RoleName(changed->previous), cluster::RoleName(role));
+    }
+    log_->info(
+        "worker {} switched {} -> {} ({}); {} prefills and {} decode streams it held finish "
+        "there",
+        worker, cluster::RoleName(from), cluster::RoleName(role), reason,
+        changed->prefills_in_flight, changed->decodes_in_flight);
+    return OkStatus();
+  }
+
  private:
   // ---- placement ----
 
@@ -419,7 +456,54 @@ class ConductorImpl final : public Conductor {
       }
       RefreshMembership();
       JoinFinishedThreads();
+      if (options_.elastic && Clock::now() >= next_plan_) {
+        next_plan_ = Clock::now() + options_.planner_interval;
+        PlanPools();
+      }
     }
+  }
+
+  // ---- elastic pools ----
+
+  // One decision of the planner on the current view, carried out (heartbeat thread).
+  void PlanPools() TANDEM_EXCLUDES(mu_) {
+    PlannerInput in;
+    std::vector<std::string> names;
+    {
+      MutexLock lock(&mu_);
+      const auto now = Clock::now();
+      in.slo_ttft_s = options_.slo_ttft_s;
+      in.slo_tbt_s = options_.slo_tbt_s;
+      in.since_last_switch_s =
+          last_role_change_ == Clock::time_point{} ? 1e9 : Seconds(now - last_role_change_);
+      for (const auto& [name, w] : view_.workers()) {
+        PlannerWorker p;
+        p.name = name;
+        p.role = ToPolicyRole(w.info.role);
+        p.healthy = w.healthy;
+        p.since_switch_s =
+            w.role_set_at == Clock::time_point{} ? 1e9 : Seconds(now - w.role_set_at);
+        p.prefill_queue_s = ClusterView::QueueSeconds(w, now);
+        p.decode_step_s = ClusterView::DecodeStepSeconds(w, &p.decoding);
+        const auto& b = w.stats.backend;
+        p.kv_used = b.kv_blocks_total > 0 ? double(b.kv_blocks_used) / b.kv_blocks_total : 0;
+        p.busy_share = w.busy_share;
+        in.workers.push_back(p);
+        names.push_back(name);
+      }
+    }
+    const PlannerDecision d = conductor::PlanPools(in, options_.planner);
+    metrics_.PlannerDecided(PlannerActionName(d.action), d.reason, d.prefill_workers,
+                            d.decode_workers);
+    if (d.action == PlannerDecision::Action::kNone) {
+      log_->debug("planner: no change ({}): {}", d.reason, d.detail);
+      return;
+    }
+    const Role to =
+        d.action == PlannerDecision::Action::kToPrefill ? Role::kPrefill : Role::kDecode;
+    log_->info("planner: {} to {} ({}: {})", names[d.worker], cluster::RoleName(to), d.reason,
+               d.detail);
+    (void)ChangeRole(names[d.worker], to, d.reason);  // a failure is logged; retried next time
   }
 
   void JoinFinishedThreads() TANDEM_EXCLUDES(mu_) {
@@ -726,6 +810,14 @@ class ConductorImpl final : public Conductor {
       run->retry_kv = true;  // no KV room on the decode worker after all
       return;
     }
+    if (st.code() == StatusCode::kFailedPrecondition && run->tokens == 0) {
+      // The worker no longer decodes (its role was switched by someone else than this
+      // conductor): place the request again, without it until its next heartbeat shows its role.
+      log_->info("{}: {} does not decode now; placing again", run->r.id, run->decode);
+      Suspect(run->decode);
+      run->retry_kv = true;
+      return;
+    }
     if (run->error.ok()) {
       if (connection_failed) Suspect(run->decode);
       run->error = st.WithContext("decode worker " + run->decode);
@@ -754,7 +846,9 @@ class ConductorImpl final : public Conductor {
   bool stop_ TANDEM_GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_all_{false};
   std::atomic<double> retry_after_s_{1.0};
-  ConductorMetrics metrics_;  // thread-safe
+  ConductorMetrics metrics_;                                        // thread-safe
+  Clock::time_point last_role_change_ TANDEM_GUARDED_BY(mu_) = {};  // any worker's, by us
+  Clock::time_point next_plan_ = {};                                // heartbeat thread only
 
   std::thread heartbeat_;  // last: starts after the members above exist
 };

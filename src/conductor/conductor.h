@@ -33,6 +33,7 @@
 
 #include "cluster/protocol.h"
 #include "conductor/policy/placement.h"
+#include "conductor/policy/planner.h"
 #include "serving/backend.h"
 #include "transfer/metadata.h"
 
@@ -54,6 +55,11 @@ struct ConductorOptions {
   double slo_ttft_s = 0;
   double slo_tbt_s = 0;
   uint64_t random_seed = 1;  // PlacementPolicy::kRandom
+  // Elastic pools: every planner_interval the planner (policy/planner.h) looks at the load and
+  // may switch one worker between prefill and decode (POST /v1/role).
+  bool elastic = false;
+  PlannerOptions planner;
+  std::chrono::milliseconds planner_interval{1000};
   // Adds metrics of parts that live beside the conductor (e.g. the embedded KV pool master) to
   // every Stats(); called without the conductor's lock. May be empty.
   std::function<void(serving::BackendStats*)> extra_metrics;
@@ -77,6 +83,11 @@ class Conductor : public serving::GenerationBackend {
   // workers are known; DeadlineExceeded otherwise.
   virtual Status WaitForWorkers(int prefill, int decode, Clock::time_point deadline) = 0;
   virtual std::vector<WorkerView> Workers() const = 0;
+  // Switches `worker` to `role` now (elastic pools, or an operator): the worker takes the new
+  // role at once and finishes what it holds; the conductor places by the new role from here.
+  // Counted in tandem_role_switches_total. NotFound for an unknown worker; the worker's error.
+  virtual Status ChangeRole(const std::string& worker, cluster::Role role,
+                            const std::string& reason) = 0;
   // Counted in tandem_worker_restarts_total (the supervisor restarted a worker process).
   virtual void CountWorkerRestart(cluster::Role role) = 0;
 };

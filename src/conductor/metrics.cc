@@ -32,21 +32,12 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
   o.healthy = w.healthy;
   o.inflight = static_cast<int>(w.placed.size());
   o.queue_s = ClusterView::QueueSeconds(w, now);
-  int64_t context = 0;
-  int batch = 0;
-  for (const auto& [seq, d] : w.decodes) {
-    if (!d.joined) continue;
-    ++batch;
-    context += d.prompt_tokens + d.emitted;
-  }
-  o.decoding = batch;
+  o.decode_step_s = ClusterView::DecodeStepSeconds(w, &o.decoding);
   o.busy_prefill_s = w.stats.backend.busy_seconds_prefill;
   o.busy_decode_s = w.stats.backend.busy_seconds_decode;
   o.tokens_prefill = w.stats.backend.computed_tokens_prefill;
   o.tokens_decode = w.stats.backend.computed_tokens_decode;
   o.threads = w.stats.backend.engine_threads;
-  o.decode_step_s =
-      w.info.cost.valid() && batch > 0 ? w.info.cost.DecodeStepSeconds(batch, context) : 0;
   workers.push_back(o);
   if (w.healthy) {
     transfer_failures += w.stats.transfer_failures;
@@ -70,6 +61,19 @@ void ConductorMetrics::CountSlo(bool met) {
 void ConductorMetrics::PrefillTokens(const std::string& outcome, int64_t tokens) {
   MutexLock lock(&mu_);
   prefill_tokens_[outcome] += tokens;
+}
+
+void ConductorMetrics::PlannerDecided(const std::string& action, const std::string& reason,
+                                      int target_prefill, int target_decode) {
+  MutexLock lock(&mu_);
+  planner_decisions_[{action, reason}]++;
+  target_prefill_ = target_prefill;
+  target_decode_ = target_decode;
+}
+
+void ConductorMetrics::RoleSwitched(const std::string& from, const std::string& to) {
+  MutexLock lock(&mu_);
+  role_switches_[{from, to}]++;
 }
 
 void ConductorMetrics::ObservePrediction(double predicted_ttft, double measured_ttft,
@@ -242,6 +246,32 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                           true,
                           {{"outcome", outcome}},
                           double(it == prefill_tokens_.end() ? 0 : it->second)});
+    }
+    for (const auto& [key, n] : planner_decisions_) {
+      s->extra.push_back({"tandem_planner_decisions_total",
+                          "Decisions of the elastic-pools planner, by action (none, to_prefill, "
+                          "to_decode) and reason.",
+                          true,
+                          {{"action", key.first}, {"reason", key.second}},
+                          double(n)});
+    }
+    for (const auto& [key, n] : role_switches_) {
+      s->extra.push_back({"tandem_role_switches_total",
+                          "Workers switched between roles at runtime.",
+                          true,
+                          {{"from", key.first}, {"to", key.second}},
+                          double(n)});
+    }
+    if (target_prefill_ >= 0) {
+      for (const auto& [role, n] :
+           {std::pair{"prefill", target_prefill_}, std::pair{"decode", target_decode_}}) {
+        s->extra.push_back({"tandem_planner_target_workers",
+                            "Pool sizes the elastic-pools planner aims at (decode: "
+                            "decode-capable workers).",
+                            false,
+                            {{"role", role}},
+                            double(n)});
+      }
     }
     s->extra.push_back({"tandem_slo_requests_total",
                         "Admitted requests with an SLO, by whether they completed within it.",

@@ -51,6 +51,11 @@ class ConductorMetrics {
   void ObservePrediction(double predicted_ttft, double measured_ttft, double predicted_tbt,
                          double measured_tbt);
   void Export(const WorkerTotals& totals, serving::BackendStats* out) const TANDEM_EXCLUDES(mu_);
+  // Elastic pools: a planner decision (action "none" included, by reason) and the pool sizes
+  // it aims at; a role switch carried out.
+  void PlannerDecided(const std::string& action, const std::string& reason, int target_prefill,
+                      int target_decode) TANDEM_EXCLUDES(mu_);
+  void RoleSwitched(const std::string& from, const std::string& to) TANDEM_EXCLUDES(mu_);
 
   std::atomic<int64_t> disaggregated{0};
   std::atomic<int64_t> fallbacks{0};
@@ -64,6 +69,10 @@ class ConductorMetrics {
   mutable Mutex mu_;
   std::map<std::string, int64_t> rejections_ TANDEM_GUARDED_BY(mu_);
   std::map<std::string, int64_t> prefill_tokens_ TANDEM_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, int64_t> planner_decisions_ TANDEM_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, int64_t> role_switches_ TANDEM_GUARDED_BY(mu_);
+  int target_prefill_ TANDEM_GUARDED_BY(mu_) = -1;  // -1: no planner decision yet
+  int target_decode_ TANDEM_GUARDED_BY(mu_) = -1;
   int64_t slo_met_ TANDEM_GUARDED_BY(mu_) = 0;
   int64_t slo_missed_ TANDEM_GUARDED_BY(mu_) = 0;
   Histogram predicted_ttft_, measured_ttft_, ttft_error_, tbt_error_;  // each has its own lock

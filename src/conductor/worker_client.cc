@@ -71,6 +71,18 @@ StatusOr<cluster::PrefillResult> WorkerClient::Prefill(const cluster::PrefillCal
   return cluster::PrefillResult::FromJson(res->body);
 }
 
+StatusOr<cluster::RoleChangeResult> WorkerClient::ChangeRole(const cluster::RoleChange& change,
+                                                             Clock::time_point deadline) {
+  auto c = Take(deadline);
+  auto res = c->Post("/v1/role", change.ToJson(), "application/json");
+  if (!res) return Unavailable("no answer to /v1/role: " + httplib::to_string(res.error()));
+  Give(std::move(c));
+  if (res->status != 200) {
+    return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
+  }
+  return cluster::RoleChangeResult::FromJson(res->body);
+}
+
 void WorkerClient::Cancel(const std::string& id, Clock::time_point deadline) {
   auto c = Take(deadline);
   auto res = c->Post("/v1/cancel", nlohmann::json{{"id", id}}.dump(), "application/json");

@@ -43,6 +43,11 @@ class WorkerClient {
                                            Clock::time_point deadline,
                                            bool* connection_failed = nullptr);
 
+  // POST /v1/role: the worker takes the new role (elastic pools). Unavailable when it does not
+  // answer; its error otherwise.
+  StatusOr<cluster::RoleChangeResult> ChangeRole(const cluster::RoleChange& change,
+                                                 Clock::time_point deadline);
+
   // POST /v1/cancel (best effort, bounded by `deadline`).
   void Cancel(const std::string& id, Clock::time_point deadline);
 

@@ -119,7 +119,7 @@ struct BackendStats {
   int64_t computed_tokens_prefill = 0;
   int64_t computed_tokens_decode = 0;
   int engine_threads = 0;
-  std::vector<ExtraMetric> extra;       // samples of one name are grouped into one family
+  std::vector<ExtraMetric> extra;  // samples of one name are grouped into one family
   std::vector<ExtraHistogram> extra_histograms;
 };
 

@@ -103,9 +103,9 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
   }
   // A prefill worker goes to decode if the prefill pool (or, with no prefill worker left, the
   // decode pool computing prompts too) can take its queue.
-  const double prefill_after =
-      n_prefill > 1 ? d.prefill_load * n_prefill / (n_prefill - 1)
-                    : d.prefill_load * std::max(n_prefill, 1) / (n_decode + 1);
+  const double prefill_after = n_prefill > 1
+                                   ? d.prefill_load * n_prefill / (n_prefill - 1)
+                                   : d.prefill_load * std::max(n_prefill, 1) / (n_decode + 1);
   if (n_prefill <= o.min_prefill) return none("min_pool");
   if (d.prefill_load >= o.low || prefill_after >= o.high) return none("both_loaded");
   const int i = Candidate(in, WorkerRole::kPrefill, o.dwell_s);

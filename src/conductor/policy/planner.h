@@ -38,9 +38,9 @@ struct PlannerWorker {
 
 struct PlannerInput {
   std::vector<PlannerWorker> workers;
-  double held_prefill_s = 0;  // predicted prefill work of requests the conductor still holds
-  double slo_ttft_s = 0;      // 0: none (PlannerOptions::ttft_scale_s stands in)
-  double slo_tbt_s = 0;       // 0: none (PlannerOptions::tbt_scale_s stands in)
+  double held_prefill_s = 0;         // predicted prefill work of requests the conductor still holds
+  double slo_ttft_s = 0;             // 0: none (PlannerOptions::ttft_scale_s stands in)
+  double slo_tbt_s = 0;              // 0: none (PlannerOptions::tbt_scale_s stands in)
   double since_last_switch_s = 1e9;  // since any worker last changed role
 };
 

@@ -80,8 +80,8 @@ TEST(PlannerTest, IdleDecodeWorkerMovesToALoadedPrefillPool) {
 
 TEST(PlannerTest, PrefillWorkerMovesToALoadedDecodePool) {
   // Decode at 0.9 of its TBT SLO; prefill idle. The prefill worker with the shorter queue goes.
-  const PlannerInput in = Cluster({Prefill("p0", 0.2, 0.1), Prefill("p1", 0.0, 0.05),
-                                   Decode("d0", 30, 0.09, 0.5)});
+  const PlannerInput in =
+      Cluster({Prefill("p0", 0.2, 0.1), Prefill("p1", 0.0, 0.05), Decode("d0", 30, 0.09, 0.5)});
   const PlannerDecision d = PlanPools(in, {});
   EXPECT_EQ(d.action, Action::kToDecode);
   EXPECT_EQ(d.worker, 1);
@@ -98,17 +98,17 @@ TEST(PlannerTest, PrefillWorkerMovesToALoadedDecodePool) {
 TEST(PlannerTest, HysteresisDwellAndMinimumsHoldThePools) {
   PlannerOptions o;
   // Between low and high nothing moves, whichever way the load leans.
-  EXPECT_EQ(PlanPools(Cluster({Prefill("p0", 1.2, 0.6), Decode("d0", 1, 0.04, 0),
-                               Decode("d1", 1, 0.04, 0)}),
-                      o)
-                .reason,
-            "balanced");
+  EXPECT_EQ(
+      PlanPools(
+          Cluster({Prefill("p0", 1.2, 0.6), Decode("d0", 1, 0.04, 0), Decode("d1", 1, 0.04, 0)}), o)
+          .reason,
+      "balanced");
   // Both above high: no pool can give.
-  EXPECT_EQ(PlanPools(Cluster({Prefill("p0", 4.0, 1.0), Decode("d0", 8, 0.09, 0),
-                               Decode("d1", 8, 0.09, 0)}),
-                      o)
-                .reason,
-            "both_loaded");
+  EXPECT_EQ(
+      PlanPools(
+          Cluster({Prefill("p0", 4.0, 1.0), Decode("d0", 8, 0.09, 0), Decode("d1", 8, 0.09, 0)}), o)
+          .reason,
+      "both_loaded");
   // A move that would push the giving pool above high is refused: decode 0.4 over 2 -> 0.8.
   EXPECT_EQ(PlanPools(Cluster({Prefill("p0", 4.0, 1.0), Decode("d0", 1, 0.04, 0),
                                Decode("d1", 1, 0.04, 0)}),
@@ -119,8 +119,8 @@ TEST(PlannerTest, HysteresisDwellAndMinimumsHoldThePools) {
   const PlannerInput one_decode = Cluster({Prefill("p0", 4.0, 1.0), Decode("d0", 0, 0, 0)});
   EXPECT_EQ(PlanPools(one_decode, o).reason, "min_pool");
   // Too soon after the last change anywhere, or for the only candidate itself.
-  PlannerInput loaded = Cluster({Prefill("p0", 4.0, 1.0), Decode("d0", 0, 0, 0),
-                                 Decode("d1", 0, 0, 0)});
+  PlannerInput loaded =
+      Cluster({Prefill("p0", 4.0, 1.0), Decode("d0", 0, 0, 0), Decode("d1", 0, 0, 0)});
   loaded.since_last_switch_s = o.dwell_s / 2 - 0.1;
   EXPECT_EQ(PlanPools(loaded, o).reason, "dwell");
   loaded.since_last_switch_s = o.dwell_s;
@@ -137,8 +137,8 @@ TEST(PlannerTest, HysteresisDwellAndMinimumsHoldThePools) {
 TEST(PlannerTest, MixedWorkersDecodeButAreNotMoved) {
   PlannerWorker m = Decode("m0", 0, 0, 0);
   m.role = WorkerRole::kMixed;
-  const PlannerDecision d = PlanPools(Cluster({Prefill("p0", 4.0, 1.0), m, Decode("d0", 0, 0, 0)}),
-                                      {});
+  const PlannerDecision d =
+      PlanPools(Cluster({Prefill("p0", 4.0, 1.0), m, Decode("d0", 0, 0, 0)}), {});
   EXPECT_EQ(d.decode_workers, 1);  // after the move: m0 stays
   EXPECT_EQ(d.action, Action::kToPrefill);
   EXPECT_EQ(d.worker, 2);

@@ -1,0 +1,117 @@
+"""Elastic pools end to end: workers switch between prefill and decode while requests run, and
+none is lost or changed (greedy outputs equal those of the same server before any switch)."""
+import concurrent.futures
+import json
+import re
+import time
+import unittest
+import urllib.request
+
+from disagg_util import MODEL_NAME, disaggregated, metric, post, stream, text_of, wait_for
+
+
+def worker_endpoints(server):
+    """{name: (host, port)} of the server's workers, from the lines they log at start."""
+    found = re.findall(r"worker (\S+) \((?:prefill|decode|mixed)\) on ([\d.]+):(\d+);",
+                       server.log_text())
+    return {name: (host, int(port)) for name, host, port in found}
+
+
+def switch(endpoint, role):
+    host, port = endpoint
+    req = urllib.request.Request(f"http://{host}:{port}/v1/role",
+                                 data=json.dumps({"role": role, "reason": "test"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def requests_mix(n):
+    out = []
+    for i in range(n):
+        if i % 3 == 0:  # a longer prompt, a short answer
+            prompt = " ".join(f"Line {k} of note {i} lists the number {k * 11 + i}." for k in range(40))
+            max_tokens = 8
+        else:  # a short prompt, a longer answer
+            prompt = f"Request {i}: describe a quiet harbour at dawn."
+            max_tokens = 48
+        out.append({"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                    "temperature": 0, "ignore_eos": True})
+    return out
+
+
+class RoleSwitchUnderLoad(unittest.TestCase):
+    def test_switches_lose_no_request_and_change_no_output(self):
+        server = disaggregated("--admission", "none")
+        try:
+            bodies = requests_mix(18)
+            baseline = [text_of(post(server, "/v1/completions", b)) for b in bodies]
+            endpoints = worker_endpoints(server)
+            self.assertEqual(set(endpoints), {"prefill-0", "decode-0"}, server.log_text()[-2000:])
+            # Each worker in turn changes role while requests stream; the cluster always keeps
+            # a decode-capable worker.
+            plan = [("prefill-0", "decode"), ("decode-0", "prefill"), ("decode-0", "decode"),
+                    ("prefill-0", "prefill")]
+            answers, held = [], 0
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                futures = [pool.submit(stream, server, "/v1/completions", b, 180) for b in bodies]
+                for name, role in plan:
+                    time.sleep(0.7)
+                    result = switch(endpoints[name], role)
+                    self.assertEqual(result["role"], role)
+                    held += result["prefills_in_flight"] + result["decodes_in_flight"]
+                answers = [f.result(timeout=180) for f in futures]
+            self.assertGreater(held, 0, "no switch happened while the worker held work")
+            for i, (text, finish, usage, error) in enumerate(answers):
+                self.assertIsNone(error, f"request {i}")
+                self.assertEqual(finish, "length", f"request {i}")
+                self.assertEqual(usage["completion_tokens"], bodies[i]["max_tokens"])
+                self.assertEqual(text, baseline[i], f"request {i}")
+            # The conductor follows the published roles.
+            wait_for(lambda: metric(server.metrics(), "tandem_workers", role="prefill",
+                                    state="healthy") == 1, 10, "the roles to settle")
+            m = server.metrics()
+            self.assertEqual(metric(m, "tandem_workers", role="decode", state="healthy"), 1)
+            self.assertEqual(metric(m, "tandem_requests_total", outcome="error"), 0)
+            # A role the worker does not know is refused clearly.
+            with self.assertRaises(urllib.error.HTTPError) as bad:
+                switch(endpoints["decode-0"], "boss")
+            self.assertEqual(bad.exception.code, 400)
+        finally:
+            server.stop()
+
+
+class PlannerMovesAWorker(unittest.TestCase):
+    def test_decode_heavy_load_takes_the_prefill_worker(self):
+        # A TBT SLO of 5 ms: any decode batch on one thread is above it, so the decode pool is
+        # loaded and the idle prefill worker goes to decode. Admission none: nothing rejected.
+        server = disaggregated("--admission", "none", "--elastic", "--slo-tbt-ms", "5",
+                               "--planner-interval-s", "0.25", "--planner-dwell-s", "2")
+        try:
+            bodies = [b for b in requests_mix(24) if b["max_tokens"] > 8]
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda b: stream(server, "/v1/completions", b, 180),
+                                        bodies))
+            for text, finish, usage, error in answers:
+                self.assertIsNone(error)
+                self.assertEqual(usage["completion_tokens"], 48)
+            m = server.metrics()
+            self.assertGreaterEqual(metric(m, "tandem_role_switches_total", **{"from": "prefill",
+                                                                              "to": "decode"}), 1)
+            self.assertGreaterEqual(metric(m, "tandem_planner_decisions_total",
+                                           action="to_decode", reason="decode_load"), 1)
+            self.assertEqual(metric(m, "tandem_planner_target_workers", role="prefill"), 0)
+            self.assertEqual(metric(m, "tandem_workers", role="decode", state="healthy"), 2)
+            self.assertIn("planner: prefill-0 to decode", server.log_text())
+            # Both workers computed: their busy seconds are exported per worker.
+            for worker in ("prefill-0", "decode-0"):
+                self.assertGreater(metric(m, "tandem_worker_busy_seconds_total", worker=worker,
+                                          role="decode", phase="decode")
+                                   + metric(m, "tandem_worker_busy_seconds_total", worker=worker,
+                                            role="decode", phase="prefill"), 0, worker)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
