@@ -19,11 +19,12 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# Python packages of the end-to-end tests and the benchmark reports (plots).
-if ! python3 -c "import openai, requests, matplotlib" 2>/dev/null; then
-  echo "setup: installing the Python packages openai, requests, matplotlib"
-  python3 -m pip install --quiet openai requests matplotlib 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages openai requests matplotlib
+# Python packages of the end-to-end tests and the benchmark reports (plots; prometheus_client
+# parses the /metrics the serving benchmark scrapes, which falls back to its own parser without it).
+if ! python3 -c "import openai, requests, matplotlib, prometheus_client" 2>/dev/null; then
+  echo "setup: installing the Python packages openai, requests, matplotlib, prometheus_client"
+  python3 -m pip install --quiet openai requests matplotlib prometheus_client 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages openai requests matplotlib prometheus_client
 fi
 
 scripts/fetch_model.sh

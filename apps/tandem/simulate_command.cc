@@ -53,6 +53,9 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
   cmd->add_option("--prefix-groups", f.prefix_groups, "Synthetic: distinct shared prefixes")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
+  cmd->add_option("--phases", f.phases,
+                  "Synthetic load whose mix shifts: 'n=N,in=TOKENS,out=TOKENS,rate=RPS;...' "
+                  "(phases in turn; other fields from the synthetic flags)");
   cmd->add_option("--prefill", f.prefill, "Prefill instances (default 1, or 0 with --mixed)")
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--decode", f.decode, "Decode instances (default 1, or 0 with --mixed)")
@@ -114,6 +117,20 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
   cmd->add_option("--utilisation-interval-s", f.utilisation_interval_s,
                   "Bucket of utilisation.json")
       ->check(CLI::Range(1e-3, 1e6))
+      ->capture_default_str();
+  cmd->add_flag("--elastic", f.elastic,
+                "Let the conductor's planner switch instances between prefill and decode");
+  cmd->add_option("--planner-interval-s", f.planner_interval_s, "Seconds between decisions")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--planner-dwell-s", f.planner_dwell_s, "An instance keeps a new role this long")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--planner-high", f.planner_high, "A pool above this load asks for an instance")
+      ->check(CLI::Range(0.01, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--planner-low", f.planner_low, "A pool below this load may give one")
+      ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
   cmd->add_option("--seed", f.seed, "Random seed (random placement, engine noise, synthetic load)")
       ->capture_default_str();
@@ -186,9 +203,19 @@ int RunSimulate(const SimulateFlags& flags) {
     if (f.block_tokens > 0) o.profile.block_tokens = f.block_tokens;
     s.block_tokens = o.profile.block_tokens;
     s.seed = f.seed;
-    workload = sim::Synthetic(s);
-    workload_desc =
-        "synthetic " + std::to_string(f.requests) + " requests at " + std::to_string(f.rate) + "/s";
+    if (!f.phases.empty()) {
+      auto phases = sim::ParsePhases(f.phases, s);
+      if (!phases.ok()) {
+        std::fprintf(stderr, "error: --phases: %s\n", phases.status().message().c_str());
+        return 2;
+      }
+      workload = sim::Phased(*phases);
+      workload_desc = "synthetic phases " + f.phases;
+    } else {
+      workload = sim::Synthetic(s);
+      workload_desc = "synthetic " + std::to_string(f.requests) + " requests at " +
+                      std::to_string(f.rate) + "/s";
+    }
   }
   if (f.max_batch_tokens > 0) o.profile.max_batch_tokens = f.max_batch_tokens;
   if (f.ttft_overhead_ms >= 0) o.profile.ttft_overhead_s = f.ttft_overhead_ms / 1000.0;
@@ -209,6 +236,11 @@ int RunSimulate(const SimulateFlags& flags) {
   o.utilisation_interval_s = f.utilisation_interval_s;
   o.keep_gaps = f.keep_gaps;
   o.seed = f.seed;
+  o.elastic = f.elastic;
+  o.planner_interval_s = f.planner_interval_s;
+  o.planner.dwell_s = f.planner_dwell_s;
+  o.planner.high = f.planner_high;
+  o.planner.low = f.planner_low;
   auto result = sim::Simulate(workload, o);
   if (!result.ok()) {
     std::fprintf(stderr, "error: %s\n", result.status().ToString().c_str());
@@ -219,9 +251,10 @@ int RunSimulate(const SimulateFlags& flags) {
                                   : std::to_string(f.prefill) + "P+" + std::to_string(f.decode) +
                                         "D" +
                                         (f.mixed > 0 ? "+" + std::to_string(f.mixed) + "M" : "");
+  const std::string elastic = f.elastic ? " elastic" : "";
   const nlohmann::json config = {
-      {"label", cluster + " " + f.placement_policy + "/" + f.admission},
-      {"description", cluster + ", " + o.profile.description + ", " + workload_desc},
+      {"label", cluster + elastic + " " + f.placement_policy + "/" + f.admission},
+      {"description", cluster + elastic + ", " + o.profile.description + ", " + workload_desc},
       {"simulated", true},
       {"profile", f.profile},
       {"workload_desc", workload_desc},
@@ -231,6 +264,7 @@ int RunSimulate(const SimulateFlags& flags) {
       {"placement_policy", f.placement_policy},
       {"admission", f.admission},
       {"local_prefill", f.local_prefill},
+      {"elastic", f.elastic},
       {"speed", f.speed},
       {"block_tokens", o.profile.block_tokens},
       {"max_batch_tokens", o.profile.max_batch_tokens},
@@ -265,6 +299,11 @@ int RunSimulate(const SimulateFlags& flags) {
   std::printf("prefix cache hit share %.3f; utilisation %s; %lld events in %.2f s\n",
               sim["prefix_cache_hit_share"].get<double>(), sim["utilisation"].dump().c_str(),
               static_cast<long long>(sim["events"].get<int64_t>()), sim["wall_s"].get<double>());
+  if (f.elastic) {
+    std::printf("role switches %lld; planner decisions %s\n",
+                static_cast<long long>(sim["role_switches"].get<int64_t>()),
+                sim["planner_decisions"].dump().c_str());
+  }
   return 0;
 }
 

@@ -24,6 +24,7 @@ struct SimulateFlags {
   double range = 0.5;
   double shared_prefix = 0.0;
   int prefix_groups = 4;
+  std::string phases;  // a shifting synthetic load (sim::ParsePhases); empty: one phase
   // Cluster and scheduling.
   int prefill = -1;  // -1: 1, or 0 with --mixed
   int decode = -1;
@@ -43,6 +44,12 @@ struct SimulateFlags {
   double ttft_overhead_ms = -1;  // < 0: the profile's
   double step_overhead_ms = -1;  // < 0: the profile's
   double utilisation_interval_s = 10;
+  // Elastic pools (the conductor's planner).
+  bool elastic = false;
+  double planner_interval_s = 1.0;
+  double planner_dwell_s = 10.0;
+  double planner_high = 0.7;
+  double planner_low = 0.35;
   uint64_t seed = 1;
   std::string out;  // results directory
   bool keep_gaps = false;

@@ -108,6 +108,10 @@ class ConductorImpl final : public Conductor {
     run->load.seq = ++next_seq_;
     KeysFor(run.get());
     const Placement p = PlaceLocked(*run, options_.admission, {}, &run->decode, &run->prefill);
+    ++arrivals_since_plan_;
+    if (p.outcome == Placement::Outcome::kReject) {
+      ++(p.reason == "ttft_slo" ? ttft_rejected_since_plan_ : tbt_rejected_since_plan_);
+    }
     if (p.outcome == Placement::Outcome::kNoWorker) {
       metrics_.Reject(p.reason);
       return Unavailable(p.message);
@@ -476,6 +480,11 @@ class ConductorImpl final : public Conductor {
       in.slo_tbt_s = options_.slo_tbt_s;
       in.since_last_switch_s =
           last_role_change_ == Clock::time_point{} ? 1e9 : Seconds(now - last_role_change_);
+      if (arrivals_since_plan_ > 0) {
+        in.ttft_rejected_share = double(ttft_rejected_since_plan_) / arrivals_since_plan_;
+        in.tbt_rejected_share = double(tbt_rejected_since_plan_) / arrivals_since_plan_;
+      }
+      arrivals_since_plan_ = ttft_rejected_since_plan_ = tbt_rejected_since_plan_ = 0;
       for (const auto& [name, w] : view_.workers()) {
         PlannerWorker p;
         p.name = name;
@@ -848,7 +857,11 @@ class ConductorImpl final : public Conductor {
   std::atomic<double> retry_after_s_{1.0};
   ConductorMetrics metrics_;                                        // thread-safe
   Clock::time_point last_role_change_ TANDEM_GUARDED_BY(mu_) = {};  // any worker's, by us
-  Clock::time_point next_plan_ = {};                                // heartbeat thread only
+  // Requests that arrived since the planner's last decision, and those refused for an SLO.
+  int64_t arrivals_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;
+  int64_t ttft_rejected_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;
+  int64_t tbt_rejected_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;
+  Clock::time_point next_plan_ = {};  // heartbeat thread only
 
   std::thread heartbeat_;  // last: starts after the members above exist
 };

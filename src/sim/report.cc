@@ -162,10 +162,14 @@ json Summary(const SimResult& res, double slo_ttft_s, double slo_tbt_s) {
     computed += i.prefill_tokens;
     overflow += i.kv_overflow_blocks;
   }
+  // By each instance's role at the end (elastic instances may have changed it), and over all.
   json util = json::object();
   const char* names[3] = {"prefill", "decode", "mixed"};
   for (int k = 0; k < 3; ++k) {
     if (count[k] > 0) util[names[k]] = busy[k] / (count[k] * dur);
+  }
+  if (!res.instances.empty()) {
+    util["all"] = (busy[0] + busy[1] + busy[2]) / (res.instances.size() * dur);
   }
   s["simulation"] = {
       {"events", res.events},
@@ -176,6 +180,8 @@ json Summary(const SimResult& res, double slo_ttft_s, double slo_tbt_s) {
        cached + computed > 0 ? static_cast<double>(cached) / (cached + computed) : 0.0},
       {"kv_overflow_blocks", overflow},
       {"utilisation", util},
+      {"role_switches", res.role_switches},
+      {"planner_decisions", res.planner_decisions},
       {"wall_s", res.wall_s}};
   return s;
 }
@@ -191,6 +197,15 @@ Status WriteFile(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::rename(tmp, path, ec);
   if (ec) return Internal("cannot write " + path.string() + ": " + ec.message());
   return OkStatus();
+}
+
+json RoleChanges(const InstanceRecord& i) {
+  const char* roles[3] = {"prefill", "decode", "mixed"};
+  json out = json::array();
+  for (const auto& [t, role] : i.role_changes) {
+    out.push_back({{"t_s", t}, {"role", roles[static_cast<int>(role)]}});
+  }
+  return out;
 }
 
 std::string Fmt(const json& v, int digits = 1) {
@@ -257,7 +272,8 @@ Status WriteResults(const std::string& dir, const SimResult& res, double slo_ttf
                                  {"cached_tokens", i.cached_tokens},
                                  {"decode_tokens", i.decode_tokens},
                                  {"kv_overflow_blocks", i.kv_overflow_blocks},
-                                 {"busy_share", i.busy_share}});
+                                 {"busy_share", i.busy_share},
+                                 {"role_changes", RoleChanges(i)}});
   }
   return WriteFile(d / "utilisation.json", util.dump());
 }

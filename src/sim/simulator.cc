@@ -6,6 +6,7 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <random>
 #include <set>
@@ -83,7 +84,15 @@ int64_t LeadingHeld(const std::vector<uint64_t>& keys, int64_t max_blocks,
   return n;
 }
 
-enum class EventKind { kArrival, kCheckTurn, kPrefillEnd, kKvArrived, kStepEnd, kWaitDeadline };
+enum class EventKind {
+  kArrival,
+  kCheckTurn,
+  kPrefillEnd,
+  kKvArrived,
+  kStepEnd,
+  kWaitDeadline,
+  kPlan
+};
 
 struct Event {
   double t;
@@ -128,6 +137,11 @@ struct Instance {
   std::vector<int> pending_reservations;             // answered when the current step ends
   bool stepping = false;
   int64_t total_blocks = 0, used_blocks = 0;
+  // Elastic pools: the role it drains towards (no new work meanwhile), when its role last
+  // changed, and its busy share (moving average of the planner's samples).
+  std::optional<WorkerRole> switching_to;
+  double role_since = -1e9;
+  double busy_at_sample = 0, busy_share = 0;
   InstanceRecord rec;
 };
 
@@ -181,6 +195,7 @@ class Simulation {
       Push(r.in->arrival_s, EventKind::kArrival, static_cast<int>(i));
     }
     start_ = workload.empty() ? 0 : workload.front().arrival_s;
+    if (o.elastic && !workload.empty()) Push(start_ + o.planner_interval_s, EventKind::kPlan, 0);
   }
 
   SimResult Run() {
@@ -197,9 +212,10 @@ class Simulation {
                              ? &reqs_[e.id]
                              : nullptr;
       const bool stale =
-          about != nullptr && (about->done || (e.kind == EventKind::kWaitDeadline
-                                                   ? !about->waiting_kv
-                                                   : about->dispatched || about->waiting_kv));
+          e.kind == EventKind::kPlan ||
+          (about != nullptr && (about->done || (e.kind == EventKind::kWaitDeadline
+                                                    ? !about->waiting_kv
+                                                    : about->dispatched || about->waiting_kv)));
       if (!stale) end_ = now_;
       if (now_ - last_expiry >= 1.0) {
         for (auto& inst : instances_) ClusterView::ExpirePlacedKeys(inst->view, TimeAt(now_));
@@ -212,7 +228,9 @@ class Simulation {
         case EventKind::kKvArrived: OnKvArrived(e.id); break;
         case EventKind::kStepEnd: OnStepEnd(e.id); break;
         case EventKind::kWaitDeadline: OnWaitDeadline(e.id); break;
+        case EventKind::kPlan: OnPlan(); break;
       }
+      if (switching_ > 0) FinishSwitches();
       // KV room freed during the event: waiters try again once the event is done (never from
       // inside an instance's handler).
       if (!freed_.empty()) RetryKvWaiters();
@@ -310,12 +328,102 @@ class Simulation {
     r.rec.output_tokens = r.emitted;
   }
 
+  // ---- elastic pools ----
+
+  static cluster::Role ClusterRole(WorkerRole r) {
+    return r == WorkerRole::kPrefill  ? cluster::Role::kPrefill
+           : r == WorkerRole::kDecode ? cluster::Role::kDecode
+                                      : cluster::Role::kMixed;
+  }
+
+  // The conductor's planner over the exact view; a chosen instance starts draining.
+  void OnPlan() {
+    const double dt = o_.planner_interval_s;
+    conductor::PlannerInput in;
+    in.slo_ttft_s = o_.slo_ttft_s;
+    in.slo_tbt_s = o_.slo_tbt_s;
+    in.since_last_switch_s = now_ - last_switch_;
+    if (arrivals_ > 0) {
+      in.ttft_rejected_share = static_cast<double>(rejected_ttft_) / arrivals_;
+      in.tbt_rejected_share = static_cast<double>(rejected_tbt_) / arrivals_;
+    }
+    arrivals_ = rejected_ttft_ = rejected_tbt_ = 0;
+    for (auto& inst : instances_) {
+      // Busy time is booked when a step starts: a share can exceed the interval's; clamp.
+      const double share = std::clamp((inst->rec.busy_s - inst->busy_at_sample) / dt, 0.0, 1.0);
+      inst->busy_at_sample = inst->rec.busy_s;
+      inst->busy_share +=
+          std::min(1.0, dt / conductor::kBusyAverageTime) * (share - inst->busy_share);
+      conductor::PlannerWorker w;
+      w.name = inst->name;
+      w.role = inst->role;
+      w.healthy = !inst->switching_to.has_value();  // draining: in neither pool
+      w.since_switch_s = now_ - inst->role_since;
+      w.prefill_queue_s = ClusterView::QueueSeconds(*inst->view, TimeAt(now_));
+      w.decode_step_s = ClusterView::DecodeStepSeconds(*inst->view, &w.decoding);
+      w.kv_used = inst->total_blocks > 0 ? double(inst->used_blocks) / inst->total_blocks : 0;
+      w.busy_share = inst->busy_share;
+      in.workers.push_back(w);
+    }
+    const conductor::PlannerDecision d = conductor::PlanPools(in, o_.planner);
+    ++result_
+          .planner_decisions[std::string(conductor::PlannerActionName(d.action)) + "/" + d.reason];
+    if (d.action != conductor::PlannerDecision::Action::kNone) {
+      Instance& inst = *instances_[d.worker];
+      inst.switching_to = d.action == conductor::PlannerDecision::Action::kToPrefill
+                              ? WorkerRole::kPrefill
+                              : WorkerRole::kDecode;
+      inst.view->healthy = false;  // no new placements while it drains
+      last_switch_ = now_;
+      ++switching_;
+    }
+    // Plan while anything else is still to happen.
+    if (!events_.empty()) Push(now_ + dt, EventKind::kPlan, 0);
+  }
+
+  // Instances that drained take their new role.
+  void FinishSwitches() {
+    for (size_t k = 0; k < instances_.size(); ++k) {
+      Instance& inst = *instances_[k];
+      if (!inst.switching_to) continue;
+      const ClusterView::Worker& v = *inst.view;
+      const bool drained = inst.role == WorkerRole::kPrefill
+                               ? inst.queue.empty() && inst.running < 0 && v.prefills.empty()
+                               : !inst.stepping && inst.batch.empty() && inst.joining.empty() &&
+                                     inst.local.empty() && inst.pending_reservations.empty() &&
+                                     v.decodes.empty() && inst.used_blocks == 0;
+      if (!drained) continue;
+      inst.role = *inst.switching_to;
+      inst.switching_to.reset();
+      --switching_;
+      ++result_.role_switches;
+      inst.role_since = now_;
+      inst.rec.role = inst.role;  // the record keeps its last role
+      inst.rec.role_changes.push_back({now_ - start_, inst.role});
+      inst.view->info.role = ClusterRole(inst.role);
+      inst.view->healthy = true;
+      if (inst.role == WorkerRole::kDecode) {
+        inst.total_blocks = o_.profile.KvBlocks();
+        inst.view->stats.backend.kv_blocks_total = static_cast<int>(inst.total_blocks);
+        inst.cache->ShrinkTo(inst.total_blocks - inst.used_blocks);
+        PublishKv(inst);
+        freed_.insert(static_cast<int>(k));  // KV waiters may fit here now
+      } else {
+        inst.cache->ShrinkTo(o_.profile.PrefixCacheBlocks());
+      }
+    }
+  }
+
   // ---- the conductor's request flow ----
 
   void OnArrival(int i) {
     Req& r = reqs_[i];
     std::string decode, prefill;
     const Placement p = PlaceNow(r, o_.placement.admission, &decode, &prefill);
+    ++arrivals_;
+    if (p.outcome == Placement::Outcome::kReject) {
+      ++(p.reason == "ttft_slo" ? rejected_ttft_ : rejected_tbt_);
+    }
     switch (p.outcome) {
       case Placement::Outcome::kNoWorker: Fail(r, 503, p.reason); return;
       case Placement::Outcome::kReject: Fail(r, 429, p.reason); return;
@@ -723,6 +831,9 @@ class Simulation {
   double now_ = 0, start_ = 0, end_ = 0;
   double expected_output_ = 64;
   std::set<int> freed_;  // decode instances whose KV room grew in this event
+  int switching_ = 0;    // instances draining towards a new role
+  double last_switch_ = -1e9;
+  int64_t arrivals_ = 0, rejected_ttft_ = 0, rejected_tbt_ = 0;  // since the last plan
   std::mt19937_64 rng_;
   std::normal_distribution<double> noise_;
   SimResult result_;

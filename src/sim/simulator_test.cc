@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 
 #include "sim/report.h"
 
@@ -312,6 +313,82 @@ TEST(Simulate, OverPredictionRejectsMore) {
     return n;
   };
   EXPECT_GT(rejected(*pessimistic), rejected(*exact) + 20);
+}
+
+// A prompt-heavy load on 1P+3D: prefill needs ~2.5 instances (1 s prompts every 0.4 s), decode
+// almost none. The planner gives decode instances to prefill (never the last one); each one
+// drains first; SLO attainment rises far above the static split's, and every request still ends.
+TEST(Simulate, ElasticPlannerMovesIdleDecodeInstancesToPrefill) {
+  std::vector<SimRequest> load;
+  for (int i = 0; i < 150; ++i) load.push_back(Request(i, 0.4 * i, 1000, 4, 100 + i));
+  SimOptions o = Options(1, 3);
+  o.slo_ttft_s = 5.0;
+  o.slo_tbt_s = 0.1;
+  o.placement.admission = AdmissionPolicy::kNone;
+  o.placement.allow_local_prefill = false;  // prompts only on prefill instances
+  auto fixed = Simulate(load, o);
+  o.elastic = true;
+  o.planner.dwell_s = 4;
+  auto elastic = Simulate(load, o);
+  ASSERT_TRUE(fixed.ok() && elastic.ok());
+  auto attainment = [](const SimResult& r) {
+    int met = 0;
+    for (const auto& q : r.requests) met += q.ok && q.ttft_s <= 5.0;
+    return static_cast<double>(met) / r.requests.size();
+  };
+  EXPECT_LT(attainment(*fixed), 0.3);
+  EXPECT_GT(attainment(*elastic), 0.8);
+  for (const auto& q : elastic->requests) EXPECT_TRUE(q.ok) << q.index << " " << q.error;
+  EXPECT_EQ(fixed->role_switches, 0);
+  EXPECT_EQ(elastic->role_switches, 2);  // two decode instances to prefill; the last one stays
+  int to_prefill = 0, decode_left = 0;
+  for (const auto& inst : elastic->instances) {
+    for (const auto& [t, role] : inst.role_changes) {
+      EXPECT_GT(t, 0.0);
+      to_prefill += role == conductor::WorkerRole::kPrefill;
+    }
+    decode_left += inst.role == conductor::WorkerRole::kDecode;
+  }
+  EXPECT_EQ(to_prefill, 2);
+  EXPECT_EQ(decode_left, 1);
+  EXPECT_GE(elastic->planner_decisions["to_prefill/prefill_load"], 2);
+  // Deterministic, like every simulation.
+  auto again = Simulate(load, o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->role_switches, elastic->role_switches);
+  EXPECT_EQ(again->events, elastic->events);
+}
+
+TEST(Workload, PhasesFollowEachOtherAndShareNothing) {
+  SyntheticOptions base;
+  base.block_tokens = 64;
+  base.range = 0;
+  auto phases = ParsePhases("n=5,in=640,out=2,rate=10;n=3,in=64,out=50,rate=1", base);
+  ASSERT_TRUE(phases.ok()) << phases.status().ToString();
+  ASSERT_EQ(phases->size(), 2u);
+  EXPECT_EQ((*phases)[1].requests, 3);
+  EXPECT_EQ((*phases)[1].output_tokens, 50);
+  EXPECT_DOUBLE_EQ((*phases)[0].rate, 10);
+  const std::vector<SimRequest> load = Phased(*phases);
+  ASSERT_EQ(load.size(), 8u);
+  for (size_t i = 0; i < load.size(); ++i) {
+    EXPECT_EQ(load[i].index, static_cast<int>(i));
+    if (i > 0) {
+      EXPECT_GT(load[i].arrival_s, load[i - 1].arrival_s);
+    }
+    EXPECT_EQ(load[i].input_tokens, i < 5 ? 640 : 64);
+  }
+  // Unique prompts: no key of one request appears in another's.
+  std::set<uint64_t> keys;
+  size_t n_keys = 0;
+  for (const auto& r : load) {
+    keys.insert(r.keys.begin(), r.keys.end());
+    n_keys += r.keys.size();
+  }
+  EXPECT_EQ(keys.size(), n_keys);
+  for (const char* bad : {"", "n=5,in=x", "n=5,depth=3", "n=-1", "n=5,in"}) {
+    EXPECT_FALSE(ParsePhases(bad, base).ok()) << bad;
+  }
 }
 
 TEST(Simulate, BadOptionsAreClearErrors) {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 namespace tandem::sim {
 namespace {
@@ -108,6 +110,64 @@ std::vector<SimRequest> Synthetic(const SyntheticOptions& o) {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+std::vector<SimRequest> Phased(const std::vector<SyntheticOptions>& phases) {
+  std::vector<SimRequest> out;
+  double start = 0;
+  for (size_t k = 0; k < phases.size(); ++k) {
+    SyntheticOptions o = phases[k];
+    o.seed += k;
+    std::vector<SimRequest> part = Synthetic(o);
+    // A salt per phase: its keys (hashes of prefix chains) differ from every other phase's.
+    const uint64_t salt = (k + 1) * 0x9E3779B97F4A7C15ull;
+    for (SimRequest& r : part) {
+      r.index = static_cast<int>(out.size());
+      r.arrival_s += start;
+      for (uint64_t& key : r.keys) key ^= salt;
+      out.push_back(std::move(r));
+    }
+    if (!out.empty()) start = out.back().arrival_s + 1.0 / (o.rate > 0 ? o.rate : 1.0);
+  }
+  return out;
+}
+
+StatusOr<std::vector<SyntheticOptions>> ParsePhases(const std::string& spec,
+                                                    const SyntheticOptions& base) {
+  std::vector<SyntheticOptions> phases;
+  std::stringstream phases_in(spec);
+  std::string phase;
+  while (std::getline(phases_in, phase, ';')) {
+    if (phase.empty()) continue;
+    SyntheticOptions o = base;
+    std::stringstream fields(phase);
+    std::string field;
+    while (std::getline(fields, field, ',')) {
+      const size_t eq = field.find('=');
+      const std::string key = field.substr(0, eq);
+      const std::string value = eq == std::string::npos ? "" : field.substr(eq + 1);
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || end == nullptr || *end != '\0' || !(v > 0)) {
+        return InvalidArgument("phase '" + phase + "': '" + field + "' is not key=positive number");
+      }
+      if (key == "n") {
+        o.requests = static_cast<int>(v);
+      } else if (key == "in") {
+        o.input_tokens = static_cast<int>(v);
+      } else if (key == "out") {
+        o.output_tokens = static_cast<int>(v);
+      } else if (key == "rate") {
+        o.rate = v;
+      } else {
+        return InvalidArgument("phase '" + phase + "': unknown key '" + key +
+                               "' (n, in, out, rate)");
+      }
+    }
+    phases.push_back(o);
+  }
+  if (phases.empty()) return InvalidArgument("no phase in '" + spec + "'");
+  return phases;
 }
 
 }  // namespace tandem::sim

@@ -44,6 +44,17 @@ struct SyntheticOptions {
 };
 std::vector<SimRequest> Synthetic(const SyntheticOptions& options);
 
+// A load whose mix shifts: the phases one after another (each phase's first arrival one
+// Poisson gap after the previous phase's last), indexed in order; phase k uses seed + k, and
+// its prompts share nothing with other phases'.
+std::vector<SimRequest> Phased(const std::vector<SyntheticOptions>& phases);
+
+// "n=200,in=4096,out=32,rate=2;n=200,in=256,out=512,rate=4": phases of n requests, mean
+// input and output tokens, Poisson rate (req/s); the other fields come from `base`.
+// InvalidArgument naming the bad part.
+StatusOr<std::vector<SyntheticOptions>> ParsePhases(const std::string& spec,
+                                                    const SyntheticOptions& base);
+
 // Block size (tokens) of the keys of a trace replayed at `length_scale`: the file's block
 // scaled, at least 1.
 int ScaledBlockTokens(const TraceOptions& options);

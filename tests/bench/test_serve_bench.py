@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "bench", "serving"))
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "server"))
 
 from fake_openai import FakeConfig, FakeServer  # noqa: E402
-from servebench import metrics, prompts  # noqa: E402
+from servebench import metrics, prompts, scrape, utilisation, workload  # noqa: E402
+import fake_tandem  # noqa: E402
 
 # Tolerance for one timing measured across two processes on a shared 2-core machine.
 TOL_MS = 30.0
@@ -125,6 +126,161 @@ class PureFunctions(unittest.TestCase):
         self.assertEqual([r.arrival_s for r in workload.retime(same, 4.0)], [0.0, 0.25, 0.5])
 
 
+def _sample(name, value, **labels):
+    return {"name": name, "labels": labels, "value": value}
+
+
+def _busy(worker, role, phase, value):
+    return _sample("tandem_worker_busy_seconds_total", value, worker=worker, role=role, phase=phase)
+
+
+def _threads(worker, role, value):
+    return _sample("tandem_worker_threads", value, worker=worker, role=role)
+
+
+def _rec(prompt, out, met, ok=True):
+    return {"ok": ok, "prompt_tokens": prompt, "input_tokens_target": prompt,
+            "output_tokens": out if ok else None, "met_all_slos": met and ok}
+
+
+class Phases(unittest.TestCase):
+    def test_parse_phases(self):
+        got = workload.parse_phases(" n=3,in=100,out=5,rate=2 ; n=2,in=10,out=50,rate=inf;n=1,in=7,out=1")
+        self.assertEqual(got, [{"n": 3, "in": 100, "out": 5, "rate": 2.0},
+                               {"n": 2, "in": 10, "out": 50, "rate": math.inf},
+                               {"n": 1, "in": 7, "out": 1, "rate": math.inf}])
+        for text, msg in (("", "--phases is empty"),
+                          ("n=1,in=2,out=3;", "phase 2 (''): empty phase"),
+                          ("n=1,in=2", "phase 1 ('n=1,in=2'): missing out"),
+                          ("n=1,in=2,out=3,len=4", "unknown key 'len'"),
+                          ("n=1,in=2,out=3,n=4", "n given twice"),
+                          ("n=1.5,in=2,out=3", "n='1.5' is not an integer"),
+                          ("n=1,in=2,out=3,rate=fast", "rate='fast' is not a number or inf"),
+                          ("n=1,in=2,out=3,rate=0", "rate must be > 0"),
+                          ("n=1,in=2,out=3,rate=nan", "rate must be > 0"),
+                          ("n=0,in=2,out=3", "n, in and out must be > 0"),
+                          ("n=1,in=2,out", "'out' is not key=value")):
+            with self.assertRaises(workload.WorkloadError, msg=text) as cm:
+                workload.parse_phases(text)
+            self.assertIn(msg, str(cm.exception), text)
+
+    def test_phases_run_back_to_back(self):
+        phases = workload.parse_phases("n=5,in=40,out=4,rate=10;n=3,in=8,out=30,rate=inf;"
+                                       "n=4,in=40,out=4,rate=2")
+        reqs = workload.phased(phases, seed=1)
+        self.assertEqual([r.index for r in reqs], list(range(12)))
+        self.assertEqual([r.phase for r in reqs], [0] * 5 + [1] * 3 + [2] * 4)
+        self.assertEqual([(r.input_tokens, r.output_tokens) for r in reqs],
+                         [(40, 4)] * 5 + [(8, 30)] * 3 + [(40, 4)] * 4)
+        t = [r.arrival_s for r in reqs]
+        self.assertEqual(t[0], 0.0)
+        self.assertTrue(all(a <= b for a, b in zip(t, t[1:])), t)
+        self.assertEqual(t[5:8], [t[4]] * 3)        # rate inf: at the previous phase's last arrival
+        self.assertGreater(t[8], t[7])               # then one gap at 2 req/s
+        self.assertEqual(len({r.prompt for r in reqs}), 12)
+        self.assertTrue(all(len(r.prompt.split()) == r.input_tokens for r in reqs))
+        self.assertEqual([r.arrival_s for r in workload.phased(phases, seed=1)], t)  # deterministic
+        # A sweep rate rescales all arrivals together, phases kept.
+        retimed = workload.retime(reqs, 4.0)
+        self.assertAlmostEqual(retimed[-1].arrival_s, 11 / 4.0)
+        self.assertEqual([r.phase for r in retimed], [r.phase for r in reqs])
+
+
+class Utilisation(unittest.TestCase):
+    def test_arithmetic(self):
+        # 4 cores, a 10 s run. prefill-0 (2 threads) and decode-0 (1 thread); at t=5 decode-0
+        # moves to the prefill pool (same cumulative counter under a new role label), at t=10
+        # prefill-0's counter resets (a restart) and worker extra-0 appears mid-run (from 0).
+        scrapes = [
+            {"t": 0.0, "samples": [_busy("prefill-0", "prefill", "prefill", 100.0),
+                                   _busy("decode-0", "decode", "decode", 50.0),
+                                   _threads("prefill-0", "prefill", 2), _threads("decode-0", "decode", 1),
+                                   _sample("tandem_role_switches_total", 7, **{"from": "decode", "to": "prefill"}),
+                                   _sample("tandem_workers", 1, role="prefill", state="healthy"),
+                                   _sample("tandem_workers", 1, role="decode", state="healthy")]},
+            {"t": 5.0, "samples": [_busy("prefill-0", "prefill", "prefill", 103.0),   # +3 s x 2
+                                   _busy("decode-0", "prefill", "decode", 54.0),      # +4 s x 1
+                                   _threads("prefill-0", "prefill", 2), _threads("decode-0", "prefill", 1),
+                                   _sample("tandem_role_switches_total", 8, **{"from": "decode", "to": "prefill"}),
+                                   _sample("tandem_workers", 2, role="prefill", state="healthy"),
+                                   _sample("tandem_workers", 0, role="decode", state="healthy"),
+                                   _sample("tandem_planner_target_workers", 2, role="prefill")]},
+            {"t": 10.0, "samples": [_busy("prefill-0", "prefill", "prefill", 1.0),    # reset: +1 x 2
+                                    _busy("decode-0", "prefill", "decode", 54.0),
+                                    _busy("decode-0", "prefill", "prefill", 2.0),     # new: +2 x 1
+                                    _busy("extra-0", "decode", "decode", 0.5),        # new worker
+                                    _threads("prefill-0", "prefill", 2), _threads("decode-0", "prefill", 1),
+                                    _threads("extra-0", "decode", 4),                 # +0.5 x 4
+                                    _sample("tandem_planner_decisions_total", 3, action="grow", reason="ttft")]},
+        ]
+        records = [_rec(100, 10, True), _rec(300, 30, False), _rec(50, 60, True), _rec(999, 5, False, ok=False)]
+        u = utilisation.compute(scrapes, records, 10.0, 4)
+        busy = 6 + 4 + 2 + 2 + 2          # core-seconds
+        self.assertAlmostEqual(u["busy_core_s"], busy)
+        self.assertAlmostEqual(u["available_core_s"], 40.0)
+        self.assertAlmostEqual(u["utilisation"], busy / 40)
+        self.assertEqual(u["by_phase_core_s"], {"prefill": 6 + 2 + 2, "decode": 4 + 2})
+        p_share, o_share = 150 / 450, 70 / 100     # the failed request counts in neither
+        self.assertAlmostEqual(u["prompt_token_share_within_slo"], p_share)
+        self.assertAlmostEqual(u["output_token_share_within_slo"], o_share)
+        self.assertAlmostEqual(u["useful_core_s"], 10 * p_share + 6 * o_share)
+        self.assertAlmostEqual(u["useful_utilisation"], (10 * p_share + 6 * o_share) / 40)
+        self.assertEqual(u["requests_within_slo"], 2)
+        self.assertAlmostEqual(u["core_s_per_request_within_slo"], 20.0)
+        w = u["workers"]
+        self.assertAlmostEqual(w["prefill-0"]["core_s"], 8.0)
+        self.assertEqual(w["prefill-0"]["busy_s"], {"prefill": 4.0})
+        self.assertAlmostEqual(w["decode-0"]["core_s"], 6.0)
+        self.assertEqual((w["decode-0"]["role"], w["extra-0"]["threads"]), ("prefill", 4))
+        self.assertAlmostEqual(w["extra-0"]["busy_share"], 0.05)
+        # An interval's busy time goes to the worker's role at its end.
+        self.assertAlmostEqual(u["by_role"]["prefill"]["core_s"], 14.0)
+        self.assertAlmostEqual(u["by_role"]["decode"]["core_s"], 2.0)
+        self.assertEqual([(r["t"], r["dt"]) for r in u["series"]], [(5.0, 5.0), (10.0, 5.0)])
+        self.assertAlmostEqual(u["series"][0]["utilisation"], 10 / 20)
+        self.assertAlmostEqual(u["series"][1]["utilisation"], 6 / 20)
+        self.assertEqual(u["series"][0]["by_role"], {"prefill": 0.5})
+        self.assertEqual(u["series"][0]["workers"], {"prefill": 2, "decode": 0})
+        self.assertEqual(u["series"][0]["target"], {"prefill": 2})
+        self.assertEqual(u["role_switches"], {"decode/prefill": 1.0})
+        self.assertEqual(u["planner_decisions"], {"grow/ttft": 3.0})   # first seen mid-run
+        self.assertFalse(u["threads_assumed"])
+
+    def test_missing_families(self):
+        recs = [_rec(10, 10, True)]
+        self.assertIsNone(utilisation.compute([], recs, 1.0, 2))
+        plain = [{"t": 0.0, "samples": []}, {"t": 1.0, "samples": []}]
+        self.assertIsNone(utilisation.compute(plain, recs, 1.0, 2))
+        # Busy time without a threads gauge: 1 thread assumed; no planner families: None.
+        scrapes = [{"t": 0.0, "samples": [_busy("colocated", "mixed", "prefill", 1.0)]},
+                   {"t": 2.0, "samples": [_busy("colocated", "mixed", "prefill", 2.0)]}]
+        u = utilisation.compute(scrapes, recs, 2.0, 2)
+        self.assertTrue(u["threads_assumed"])
+        self.assertAlmostEqual(u["utilisation"], 0.25)
+        self.assertEqual((u["role_switches"], u["planner_decisions"]), (None, None))
+        self.assertIsNone(utilisation.compute(scrapes, [], 2.0, 2)["core_s_per_request_within_slo"])
+
+    def test_parse_with_and_without_prometheus_client(self):
+        text = "\n".join([
+            "# HELP tandem_worker_busy_seconds_total Busy.", "# TYPE tandem_worker_busy_seconds_total counter",
+            'tandem_worker_busy_seconds_total{worker="p0",role="prefill",phase="prefill"} 1.5',
+            "# TYPE tandem_workers gauge", 'tandem_workers{role="decode",state="healthy"} 2',
+            "# TYPE tandem_requests_total counter", "tandem_requests_total 9",
+            'tandem_role_switches_total{from="a\\"b",to="c"} 1', ""])
+        want = [{"name": "tandem_worker_busy_seconds_total", "value": 1.5,
+                 "labels": {"worker": "p0", "role": "prefill", "phase": "prefill"}},
+                {"name": "tandem_workers", "labels": {"role": "decode", "state": "healthy"}, "value": 2.0},
+                {"name": "tandem_role_switches_total", "labels": {"from": 'a"b', "to": "c"}, "value": 1.0}]
+        self.assertEqual(scrape.parse(text), want)
+        saved = scrape._prom_families
+        try:
+            scrape._prom_families = None
+            self.assertEqual(scrape.parse(text), want)
+        finally:
+            scrape._prom_families = saved
+        self.assertEqual(scrape.parse('{"object": "list"}'), [])   # not Prometheus text
+
+
 class AgainstFakeServer(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="bench-test-")
@@ -218,6 +374,75 @@ class AgainstFakeServer(unittest.TestCase):
         self.assertIn("| first | 4 | 0 |", text)
         self.assertIn("| second | 2 | 0 |", text)
         self.assertTrue(is_png(os.path.join(cmp_dir, "latency_cdf.png")))
+
+    def test_phases_and_utilisation_from_scraped_metrics(self):
+        # The fake tandem's rule: 1 ms of prefill busy time per prompt word on prefill-0 and 2 ms
+        # of decode busy time per output token on decode-0, each 1 thread (2 threads / 2).
+        counters = fake_tandem.Counters("cache-load", "none", elastic=True)
+        self.server = FakeServer(FakeConfig(ttft_ms=20.0, gaps_ms=[5.0]), admit=counters.admit,
+                                 metrics=counters.text)
+        out = os.path.join(self.dir, "run")
+        p = bench("--base-url", self.server.base, "--phases",
+                  "n=4,in=200,out=4,rate=20;n=3,in=20,out=40,rate=inf;n=2,in=100,out=8,rate=10",
+                  "--scrape-metrics-interval-s", "0.2", "--cores", "4", "--slo-ttft-ms", "1000",
+                  "--slo-tbt-ms", "1000", "--warmup", "1", "--out", out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        res = load(out)
+        s = res["summary"]
+        self.assertEqual((s["completed"], s["failed"]), (9, 0))
+        self.assertEqual([r["phase"] for r in res["requests"]], [0] * 4 + [1] * 3 + [2] * 2)
+        self.assertEqual([(ph["phase"], ph["requests"], ph["slo_attainment"]) for ph in s["phases"]],
+                         [(0, 4, 1.0), (1, 3, 1.0), (2, 2, 1.0)])
+        self.assertIn("3 phases back to back", res["config"]["workload_desc"])
+        with open(os.path.join(out, "metrics_timeseries.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        self.assertGreaterEqual(len(rows), 3)
+        self.assertEqual(rows[0]["t"], min(r["t"] for r in rows))
+        self.assertTrue(all(a["t"] < b["t"] for a, b in zip(rows, rows[1:])))
+        names = {smp["name"] for smp in rows[-1]["samples"]}
+        self.assertEqual(names, set(scrape.FAMILIES))
+        u = s["utilisation"]
+        # Warm-up (one streamed request) happened before the first scrape: not counted.
+        prefill_s = 0.001 * (4 * 200 + 3 * 20 + 2 * 100)
+        decode_s = 0.002 * (4 * 4 + 3 * 40 + 2 * 8)
+        self.assertAlmostEqual(u["busy_core_s"], prefill_s + decode_s, places=6)
+        self.assertAlmostEqual(u["available_core_s"], 4 * s["duration_s"], places=6)
+        self.assertAlmostEqual(u["utilisation"], (prefill_s + decode_s) / (4 * s["duration_s"]), places=6)
+        self.assertAlmostEqual(u["useful_utilisation"], u["utilisation"], places=6)   # all within SLO
+        self.assertAlmostEqual(u["core_s_per_request_within_slo"], 4 * s["duration_s"] / 9, places=6)
+        self.assertEqual(u["computed_tokens"], {"prefill": 1060.0, "decode": 152.0})
+        self.assertEqual(sorted(u["workers"]), ["decode-0", "prefill-0"])
+        self.assertAlmostEqual(u["by_role"]["decode"]["core_s"], decode_s, places=6)
+        self.assertEqual(u["role_switches"], {"prefill/decode": 2.0})    # every 4th of 9 requests
+        self.assertEqual(u["planner_decisions"], {"hold/balanced": 7.0, "switch/decode_load": 2.0})
+        self.assertEqual(u["series"][-1]["workers"], {"prefill": 1, "decode": 1, "mixed": 0})
+        self.assertEqual(u["series"][-1]["target"], {"prefill": 1, "decode": 1})
+        self.assertTrue(is_png(os.path.join(out, "utilisation.png")))
+        with open(os.path.join(out, "summary.md")) as f:
+            md = f.read()
+        self.assertIn("Utilisation of 4 cores", md)
+        self.assertIn("approximated by tokens", md)
+        self.assertIn("| 2 | 2 | 2 | 100.0% |", md)          # the phase table
+        self.assertIn("Role switches (from/to): prefill/decode 2", md)
+
+    def test_server_without_metrics_and_scraping_off(self):
+        srv = self.start(ttft_ms=5.0, gaps_ms=[5.0])   # GET /metrics answers a JSON model list
+        out = os.path.join(self.dir, "plain")
+        p = bench("--base-url", srv.base, "--num-requests", "3", "--input-len", "10",
+                  "--output-len", "3", "--scrape-metrics-interval-s", "0.1", "--out", out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = load(out, "summary.json")
+        self.assertIsNone(s["utilisation"])
+        self.assertEqual(s["metrics_scrape"]["errors"], 0)
+        self.assertGreaterEqual(s["metrics_scrape"]["scrapes"], 2)
+        self.assertFalse(os.path.exists(os.path.join(out, "utilisation.png")))
+        self.assertNotIn("phases", s)
+        out = os.path.join(self.dir, "off")
+        p = bench("--base-url", srv.base, "--num-requests", "2", "--input-len", "10",
+                  "--output-len", "3", "--scrape-metrics-interval-s", "0", "--out", out, "--no-plots")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("metrics_scrape", load(out, "summary.json"))
+        self.assertFalse(os.path.exists(os.path.join(out, "metrics_timeseries.jsonl")))
 
     def test_failures_rejections_timeouts_and_short_outputs_are_counted(self):
         srv = self.start(ttft_ms=20.0, gaps_ms=[10.0], reject_tokens=5, short_tokens=6, hang_tokens=7)
@@ -404,6 +629,14 @@ class CommandLine(unittest.TestCase):
         p = bench("--base-url", "http://127.0.0.1:9", "--out", "/tmp/x", "--sweep-same-prompts")
         self.assertEqual(p.returncode, 2)
         self.assertIn("--sweep-same-prompts needs --sweep-rates", p.stderr)
+        for extra, msg in ((["--phases", "n=2,in=8"], "--phases phase 1 ('n=2,in=8'): missing out"),
+                           (["--phases", "n=2,in=8,out=2", "--trace", "t.jsonl"], "drop --trace"),
+                           (["--scrape-metrics-interval-s", "-1"], "--scrape-metrics-interval-s must be >= 0"),
+                           (["--cores", "0"], "--cores must be >= 1")):
+            p = bench("--base-url", "http://127.0.0.1:9", "--out", "/tmp/x", *extra)
+            self.assertEqual(p.returncode, 2, extra)
+            self.assertIn(msg, p.stderr, extra)
+            self.assertNotIn("Traceback", p.stderr)
 
     @needs_bin
     def test_missing_script_is_reported_by_the_binary(self):

@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 
-from . import client, metrics, report, runner, workload
+from . import client, metrics, report, runner, scrape, utilisation, workload
 
 
 class Config:
@@ -26,6 +26,7 @@ class Config:
         self.closed_loop = args.closed_loop
         self.open_loop = not args.closed_loop
         self.warmup = args.warmup
+        self.scrape_interval_s = args.scrape_metrics_interval_s
 
 
 def parse_args(argv):
@@ -82,6 +83,14 @@ def parse_args(argv):
                    help="tokens of shared prefix in front of each prompt")
     s.add_argument("--num-prefixes", type=int, default=1, help="distinct shared prefixes")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--phases", metavar="SPEC;SPEC;...",
+                   help="a shifting workload: phases run back to back (each starts after the "
+                        "previous one's last arrival); SPEC is comma-separated key=value with n "
+                        "(requests), in and out (tokens), rate (req/s, default inf), e.g. "
+                        "\"n=20,in=1024,out=16,rate=1;n=20,in=64,out=256,rate=1\". Replaces "
+                        "--num-requests, --input-len, --output-len and --request-rate; the ranges, "
+                        "--burstiness and shared prefixes apply to every phase; --sweep-rates "
+                        "rescales all arrivals together (the phases' relative rates kept)")
     o = p.add_argument_group("SLOs and sweep")
     o.add_argument("--slo-ttft-ms", type=float)
     o.add_argument("--slo-tbt-ms", type=float)
@@ -96,6 +105,14 @@ def parse_args(argv):
                         "hit the prefix cache the earlier ones filled); by default each rate gets "
                         "fresh prompts (salt --prompt-salt + i for the i-th rate): the same "
                         "lengths and prefix sharing within a rate, nothing shared across rates")
+    m = p.add_argument_group("server metrics and utilisation")
+    m.add_argument("--scrape-metrics-interval-s", type=float, default=1.0,
+                   help="read BASE_URL/metrics this often during the run into "
+                        "metrics_timeseries.jsonl and report utilisation from the workers' busy "
+                        "counters where the server exports them (0 = off; default 1)")
+    m.add_argument("--cores", type=int, default=os.cpu_count() or 1,
+                   help="cores available to the server, the denominator of utilisation "
+                        "(default: this machine's, %(default)s)")
     r = p.add_argument_group("output")
     r.add_argument("--out", help="output directory (created)")
     r.add_argument("--label", help="name of this run in plots and comparisons")
@@ -127,6 +144,18 @@ def parse_args(argv):
         p.error("--sweep-rates needs an open loop (drop --closed-loop)")
     if args.prompt_salt < 0:
         p.error("--prompt-salt must be >= 0")
+    if not args.scrape_metrics_interval_s >= 0:
+        p.error("--scrape-metrics-interval-s must be >= 0")
+    if args.cores < 1:
+        p.error("--cores must be >= 1")
+    args.phase_list = None
+    if args.phases is not None:
+        if args.trace:
+            p.error("--phases is a synthetic workload: drop --trace")
+        try:
+            args.phase_list = workload.parse_phases(args.phases)
+        except workload.WorkloadError as e:
+            p.error(str(e))
     if args.sweep_same_prompts and not args.sweep_rates:
         p.error("--sweep-same-prompts needs --sweep-rates")
     if not 0 < args.sweep_target <= 1:
@@ -172,6 +201,24 @@ def build_workload(args, rate=None, salt=None):
             reqs = workload.retime(reqs, rate)
             desc += f", arrivals rescaled to {rate:g} req/s"
         return reqs, desc + salt_desc
+    if args.phase_list:
+        reqs = workload.phased(args.phase_list, args.input_range, args.output_range,
+                               args.burstiness, args.shared_prefix_len, args.num_prefixes,
+                               args.seed, salt)
+        desc = (f"{len(args.phase_list)} phases back to back: "
+                + "; ".join(f"{ph['n']} requests, input {ph['in']}, output {ph['out']}, rate "
+                            f"{ph['rate']:g} req/s" for ph in args.phase_list)
+                + f" (ranges +-{args.input_range:g} / +-{args.output_range:g}, burstiness "
+                  f"{args.burstiness:g})")
+        if args.max_requests is not None:
+            reqs = reqs[:args.max_requests]
+            desc += f", first {len(reqs)} requests"
+        if args.closed_loop:
+            desc += f", closed loop at {args.closed_loop}"
+        if rate is not None:
+            reqs = workload.retime(reqs, rate)
+            desc += f", arrivals rescaled to {rate:g} req/s"
+        return reqs, desc + salt_desc
     r = args.request_rate if rate is None else rate
     n = args.num_requests if args.max_requests is None else min(args.num_requests, args.max_requests)
     reqs = workload.synthetic(n, args.input_len, args.output_len, args.input_range,
@@ -205,14 +252,24 @@ def _write_json(path, obj):
 def run_once(args, cfg, out_dir, rate=None, salt=None):
     salt = args.prompt_salt if salt is None else salt
     reqs, desc = build_workload(args, rate, salt)
-    records, duration = asyncio.run(runner.run_workload(reqs, cfg, not args.no_progress))
+    os.makedirs(out_dir, exist_ok=True)
+    scraper = None
+    if args.scrape_metrics_interval_s > 0:
+        scraper = scrape.Scraper(cfg.base_url, cfg.api_key, args.scrape_metrics_interval_s,
+                                 os.path.join(out_dir, "metrics_timeseries.jsonl"))
+    records, duration = asyncio.run(runner.run_workload(reqs, cfg, not args.no_progress, scraper))
     slo = {"ttft_ms": args.slo_ttft_ms, "tbt_ms": args.slo_tbt_ms, "tpot_ms": args.slo_tpot_ms,
            "e2e_ms": args.slo_e2e_ms}
     summary = metrics.summarize(records, duration, slo)
+    summary["utilisation"] = None
+    if scraper is not None:
+        summary["metrics_scrape"] = {"interval_s": args.scrape_metrics_interval_s,
+                                     "scrapes": len(scraper.scrapes), "errors": scraper.errors,
+                                     "last_error": scraper.last_error}
+        summary["utilisation"] = utilisation.compute(scraper.scrapes, records, duration, args.cores)
     config = {"base_url": cfg.base_url, "endpoint": cfg.endpoint, "model": cfg.model,
               "workload_desc": desc, "label": args.label or cfg.base_url, "rate": rate,
               "prompt_salt": salt, "argv": sys.argv[1:]}
-    os.makedirs(out_dir, exist_ok=True)
     _write_json(os.path.join(out_dir, "summary.json"), summary)
     _write_json(os.path.join(out_dir, "results.json"),
                 {"config": config, "summary": summary, "requests": records})
@@ -220,6 +277,10 @@ def run_once(args, cfg, out_dir, rate=None, salt=None):
         f.write(report.markdown(summary, config))
     if not args.no_plots:
         report.plot_runs([(config["label"], records)], out_dir, summary["slo"])
+        if summary["utilisation"]:
+            report.plot_utilisation([(config["label"], summary["utilisation"])],
+                                    os.path.join(out_dir, "utilisation.png"),
+                                    [ph["first_sent_s"] for ph in summary.get("phases", [])[1:]])
     return summary, config
 
 

@@ -101,7 +101,7 @@ class Endpoint:
             lines.append(f"Authorization: Bearer {self.api_key}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
-    async def get_json(self, path):
+    async def _get(self, path):
         reader, writer = await self._open()
         try:
             writer.write(self._head("GET", path, None))
@@ -110,9 +110,15 @@ class Endpoint:
             body = b"".join([c async for c in _body_chunks(reader, headers)])
             if status != 200:
                 raise HttpError(status, body.decode("utf-8", "replace"))
-            return json.loads(body)
+            return body
         finally:
             writer.close()
+
+    async def get_json(self, path):
+        return json.loads(await self._get(path))
+
+    async def get_text(self, path):
+        return (await self._get(path)).decode("utf-8", "replace")
 
     async def stream(self, path, payload, on_event):
         """POSTs payload and calls on_event(t, obj) for every SSE `data:` JSON event, t being

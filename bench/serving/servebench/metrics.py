@@ -129,4 +129,25 @@ def summarize(records, duration_s, slo):
     s["tbt_ms"] = stats(r["tbt_ms"] for r in ok)
     s["e2e_ms"] = stats(r["e2e_ms"] for r in ok)
     s["client_wait_ms"] = stats(r.get("client_wait_ms") for r in records)
+    if any(r.get("phase") is not None for r in records):
+        s["phases"] = phase_summaries(records)
     return s
+
+
+def phase_summaries(records):
+    """Per phase of a --phases workload (records already through summarize): requests, SLO
+    attainment (TTFT and TBT), TTFT and TBT percentiles, and when its requests were sent
+    (seconds from the start)."""
+    out = []
+    for k in sorted({r["phase"] for r in records if r.get("phase") is not None}):
+        rs = [r for r in records if r.get("phase") == k]
+        ok = [r for r in rs if r["ok"]]
+        sent = [r["sent_s"] for r in rs if r.get("sent_s") is not None]
+        out.append({"phase": k, "requests": len(rs), "completed": len(ok),
+                    "failed": len(rs) - len(ok),
+                    "slo_attainment": sum(1 for r in rs if r["met_ttft_tbt"]) / len(rs),
+                    "first_sent_s": min(sent) if sent else None,
+                    "last_sent_s": max(sent) if sent else None,
+                    "ttft_ms": stats(r["ttft_ms"] for r in ok),
+                    "tbt_ms": stats(r["tbt_ms"] for r in ok)})
+    return out

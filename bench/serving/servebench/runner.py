@@ -81,7 +81,8 @@ def _path(cfg):
 
 async def send_one(endpoint, req, cfg, t_start):
     """One streamed request; returns its record (never raises for request failures)."""
-    rec = {"index": req.index, "scheduled_s": req.arrival_s, "input_tokens_target": req.input_tokens,
+    rec = {"index": req.index, "phase": req.phase, "scheduled_s": req.arrival_s,
+           "input_tokens_target": req.input_tokens,
            "requested_output_tokens": req.output_tokens, "prompt_chars": len(req.prompt),
            "ok": False, "status": None, "error": None, "error_kind": None, "ttft_ms": None,
            "e2e_ms": None, "itl_ms": [], "chunks": 0, "prompt_tokens": None,
@@ -156,8 +157,10 @@ async def _warmup(endpoint, cfg, n):
             raise RuntimeError(f"warm-up request failed: {rec['error']}")
 
 
-async def run_workload(reqs, cfg, progress_enabled=True):
-    """Runs the requests; returns (records sorted by index, duration_s)."""
+async def run_workload(reqs, cfg, progress_enabled=True, scraper=None):
+    """Runs the requests; returns (records sorted by index, duration_s). A scrape.Scraper, if
+    given, reads /metrics from the start of the measured run (after the warm-up) until a
+    moment after its end."""
     endpoint = client.Endpoint(cfg.base_url, cfg.api_key)
     if cfg.warmup:
         await _warmup(endpoint, cfg, cfg.warmup)
@@ -179,6 +182,8 @@ async def run_workload(reqs, cfg, progress_enabled=True):
         records.append(rec)
 
     ticker = asyncio.ensure_future(progress.run())
+    if scraper is not None:
+        await scraper.start(t_start)
     try:
         if cfg.open_loop:
             tasks = []
@@ -196,9 +201,15 @@ async def run_workload(reqs, cfg, progress_enabled=True):
                     await wrapped(queue.popleft())
 
             await asyncio.gather(*(worker() for _ in range(min(cfg.closed_loop, len(reqs)))))
+        duration = time.perf_counter() - t_start
+        if scraper is not None:
+            # The last scrape a moment later: workers report their counters to the server late.
+            await scraper.stop(settle_s=min(1.0, cfg.scrape_interval_s))
+            scraper = None
     finally:
         ticker.cancel()
-    duration = time.perf_counter() - t_start
+        if scraper is not None:  # the run failed: end the scrapes
+            scraper.cancel()
     progress.emit(final=True)
     records.sort(key=lambda r: r["index"])
     return records, duration

@@ -20,6 +20,7 @@ class Request:
     input_tokens: int         # target prompt length (the server's count is in the record)
     output_tokens: int        # tokens asked for (max_tokens)
     hash_ids: list = field(default_factory=list)
+    phase: int = None         # index of the phase of a --phases workload (None otherwise)
 
 
 def load_trace(path, start=0, max_requests=None, length_scale=1.0, output_scale=None,
@@ -127,16 +128,99 @@ def synthetic(num_requests, input_len, output_len, input_range=0.0, output_range
     for i in range(num_requests):
         n_in = _length(rng, input_len, input_range)
         n_out = _length(rng, output_len, output_range)
-        text = ""
-        ids = []
-        if shared_prefix_len > 0:
-            g = i % num_prefixes
-            text = prompts.block_text(f"prefix-{seed}-{g}", shared_prefix_len, salt)
-            ids = [f"prefix-{g}"]
-        text += prompts.block_text(f"request-{seed}-{i}", n_in, salt)
+        text, ids = _synthetic_prompt(f"request-{seed}-{i}", i, n_in, shared_prefix_len,
+                                      num_prefixes, seed, salt)
         reqs.append(Request(index=i, arrival_s=times[i], prompt=text,
                             input_tokens=n_in + shared_prefix_len, output_tokens=n_out,
                             hash_ids=ids))
+    return reqs
+
+
+def _synthetic_prompt(key, i, n_in, shared_prefix_len, num_prefixes, seed, salt):
+    """(prompt, hash ids) of synthetic request i: one of the shared prefixes (round robin), if
+    any, then n_in tokens of its own text (`key` names that text)."""
+    text, ids = "", []
+    if shared_prefix_len > 0:
+        g = i % num_prefixes
+        text = prompts.block_text(f"prefix-{seed}-{g}", shared_prefix_len, salt)
+        ids = [f"prefix-{g}"]
+    return text + prompts.block_text(key, n_in, salt), ids
+
+
+PHASE_KEYS = ("n", "in", "out", "rate")
+
+
+def parse_phases(text):
+    """The phases of `--phases "SPEC;SPEC;..."`: each SPEC is comma-separated key=value with
+    n (requests, required), in and out (input and output tokens, required) and rate (requests/s,
+    Poisson or gamma arrivals; "inf" = all at once; default inf). Returns a list of dicts
+    {"n", "in", "out", "rate"}; raises WorkloadError naming the bad phase."""
+    specs = [s.strip() for s in (text or "").split(";")]
+    if not any(specs):
+        raise WorkloadError("--phases is empty: give n=..,in=..,out=..[,rate=..] per phase")
+    phases = []
+    for k, spec in enumerate(specs):
+        where = f"--phases phase {k + 1} ({spec!r})"
+        if not spec:
+            raise WorkloadError(f"{where}: empty phase (a stray ';'?)")
+        d = {}
+        for item in spec.split(","):
+            key, eq, value = (x.strip() for x in item.partition("="))
+            if not eq or not key:
+                raise WorkloadError(f"{where}: {item.strip()!r} is not key=value")
+            if key not in PHASE_KEYS:
+                raise WorkloadError(f"{where}: unknown key {key!r} (keys: {', '.join(PHASE_KEYS)})")
+            if key in d:
+                raise WorkloadError(f"{where}: {key} given twice")
+            try:
+                d[key] = float(value) if key == "rate" else int(value)
+            except ValueError:
+                kind = "a number or inf" if key == "rate" else "an integer"
+                raise WorkloadError(f"{where}: {key}={value!r} is not {kind}") from None
+        missing = [key for key in ("n", "in", "out") if key not in d]
+        if missing:
+            raise WorkloadError(f"{where}: missing {', '.join(missing)}")
+        if min(d["n"], d["in"], d["out"]) <= 0:
+            raise WorkloadError(f"{where}: n, in and out must be > 0")
+        d.setdefault("rate", math.inf)
+        if not d["rate"] > 0:  # also rejects nan
+            raise WorkloadError(f"{where}: rate must be > 0 (or inf)")
+        phases.append({key: d[key] for key in PHASE_KEYS})
+    return phases
+
+
+def phased(phases, input_range=0.0, output_range=0.0, burstiness=1.0, shared_prefix_len=0,
+           num_prefixes=1, seed=0, salt=0):
+    """Synthetic requests in phases run back to back: phase k's requests (lengths as in
+    `synthetic`, arrivals at its own rate) start one gap (at phase k's rate; none for inf) after
+    phase k-1's last arrival. Every request carries its phase index; indices run on across
+    phases."""
+    if not (0 <= input_range < 1 and 0 <= output_range < 1):
+        raise WorkloadError("length ranges must be in [0, 1)")
+    if shared_prefix_len < 0 or num_prefixes <= 0:
+        raise WorkloadError("--shared-prefix-len must be >= 0 and --num-prefixes > 0")
+    if burstiness <= 0:
+        raise WorkloadError("--burstiness must be > 0")
+    if salt < 0:
+        raise WorkloadError("--prompt-salt must be >= 0")
+    rng = random.Random(seed)
+    reqs, t_end = [], None
+    for k, ph in enumerate(phases):
+        # n + 1 arrivals, the first dropped: the gap from the last phase's last arrival.
+        times = arrivals(ph["n"] + 1, ph["rate"], burstiness, rng)[1:]
+        offset = 0.0 if t_end is None else t_end
+        if t_end is None:  # the first phase starts at 0
+            times = [t - times[0] for t in times]
+        for j, t in enumerate(times):
+            i = len(reqs)
+            n_in = _length(rng, ph["in"], input_range)
+            n_out = _length(rng, ph["out"], output_range)
+            text, ids = _synthetic_prompt(f"request-{seed}-phase{k}-{j}", i, n_in,
+                                          shared_prefix_len, num_prefixes, seed, salt)
+            reqs.append(Request(index=i, arrival_s=offset + t, prompt=text,
+                                input_tokens=n_in + shared_prefix_len, output_tokens=n_out,
+                                hash_ids=ids, phase=k))
+        t_end = reqs[-1].arrival_s
     return reqs
 
 
@@ -155,5 +239,6 @@ def retime(reqs, rate):
             t = i / rate
         else:
             t = (r.arrival_s - t0) * (len(reqs) - 1) / rate / span
-        out.append(Request(r.index, t, r.prompt, r.input_tokens, r.output_tokens, r.hash_ids))
+        out.append(Request(r.index, t, r.prompt, r.input_tokens, r.output_tokens, r.hash_ids,
+                           r.phase))
     return out

@@ -67,6 +67,12 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
   d.prefill_load = prefill_capacity > 0 ? queued_s / (prefill_capacity * ttft) : 0;
   if (n_prefill > 0) d.prefill_load = std::max(d.prefill_load, prefill_busy / n_prefill);
   d.decode_load = n_decode > 0 ? decode_sum / n_decode : 0;
+  if (in.ttft_rejected_share >= o.rejected_share) {
+    d.prefill_load = std::max(d.prefill_load, o.high + in.ttft_rejected_share);
+  }
+  if (in.tbt_rejected_share >= o.rejected_share) {
+    d.decode_load = std::max(d.decode_load, o.high + in.tbt_rejected_share);
+  }
   d.prefill_workers = n_prefill;
   d.decode_workers = n_decode;
   auto figures = [&] {

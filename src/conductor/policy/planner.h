@@ -9,6 +9,9 @@
 //                      mean measured busy share of the prefill workers)
 //   decode load  = mean over decode-capable workers of
 //                      max(predicted step time of its batch / TBT SLO, share of its KV in use)
+// and a pool whose SLO made admission turn requests away (PlannerInput's rejected shares) is
+// above `high` whatever those figures say: admission keeps the predictions within the SLOs by
+// refusing the excess, so the excess shows only as rejections.
 // (with no SLO, the defaults of PlannerOptions stand in). A worker moves from the pool below
 // `low` to the pool above `high` when the giving pool's load, spread over one worker fewer,
 // stays below `high` — hysteresis: the band between low and high is left alone. A worker that
@@ -42,6 +45,11 @@ struct PlannerInput {
   double slo_ttft_s = 0;             // 0: none (PlannerOptions::ttft_scale_s stands in)
   double slo_tbt_s = 0;              // 0: none (PlannerOptions::tbt_scale_s stands in)
   double since_last_switch_s = 1e9;  // since any worker last changed role
+  // Of the requests that arrived since the last decision, the shares admission refused for
+  // their TTFT SLO ("ttft_slo") and for their TBT SLO or KV room ("tbt_slo", "kv_full"): load
+  // that the predictions above no longer show, because it was turned away.
+  double ttft_rejected_share = 0;
+  double tbt_rejected_share = 0;
 };
 
 struct PlannerOptions {
@@ -52,6 +60,9 @@ struct PlannerOptions {
   int min_prefill = 0;  // prefill workers kept (decode workers can compute prompts themselves)
   double ttft_scale_s = 2.0;  // stands in for a missing TTFT SLO
   double tbt_scale_s = 0.1;   // stands in for a missing TBT SLO
+  // A pool whose SLO turned away at least this share of the arrivals is loaded above `high`
+  // (its load is taken as high + that share).
+  double rejected_share = 0.02;
 };
 
 struct PlannerDecision {

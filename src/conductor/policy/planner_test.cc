@@ -134,6 +134,26 @@ TEST(PlannerTest, HysteresisDwellAndMinimumsHoldThePools) {
   EXPECT_EQ(PlanPools(loaded, o).reason, "min_pool");
 }
 
+TEST(PlannerTest, RejectionsShowLoadThePredictionsHide) {
+  // Admission keeps the decode batch within its SLO (load 0.3) by refusing 10% of the
+  // arrivals for their TBT: the decode pool is loaded, and the idle prefill worker goes.
+  PlannerInput in = Cluster({Prefill("p0", 0.0, 0.05), Decode("d0", 8, 0.03, 0.2)});
+  EXPECT_EQ(PlanPools(in, {}).reason, "balanced");
+  in.tbt_rejected_share = 0.1;
+  const PlannerDecision d = PlanPools(in, {});
+  EXPECT_DOUBLE_EQ(d.decode_load, 0.8);
+  EXPECT_EQ(d.action, Action::kToDecode);
+  // A share under the threshold is noise.
+  in.tbt_rejected_share = 0.01;
+  EXPECT_EQ(PlanPools(in, {}).action, Action::kNone);
+  // TTFT rejections load the prefill pool the same way.
+  PlannerInput p = Cluster({Prefill("p0", 0.2, 0.3), Decode("d0", 0, 0, 0), Decode("d1", 0, 0, 0)});
+  p.ttft_rejected_share = 0.25;
+  const PlannerDecision q = PlanPools(p, {});
+  EXPECT_DOUBLE_EQ(q.prefill_load, 0.95);
+  EXPECT_EQ(q.action, Action::kToPrefill);
+}
+
 TEST(PlannerTest, MixedWorkersDecodeButAreNotMoved) {
   PlannerWorker m = Decode("m0", 0, 0, 0);
   m.role = WorkerRole::kMixed;
