@@ -14,6 +14,10 @@ Experiments (--experiment, default all):
             no local prefill, so that only the prefill placement differs).
   overload  admission none / early / predictive at twice the trace's speed on 8P+8D.
   ratio     prefill:decode split at 16 nodes and a fixed rate.
+  elastic   elastic pools (the conductor's planner switching instances between prefill and
+            decode) against fixed splits, 16 nodes: capacity on a load whose mix shifts (long
+            prompts, then long answers, then long prompts) and on the conversation trace, started
+            from each split.
   scale     the full conversation trace on 16P+16D (wall time) and 1,000 instances on a
             synthetic load (wall time, events per second).
 
@@ -37,7 +41,7 @@ TRACES = {
 }
 PROFILES = {"A800": os.path.join(ROOT, "profiles", "llama3-70b-8xa800.json"),
             "H200": os.path.join(ROOT, "profiles", "llama3-70b-8xh200.json")}
-EXPERIMENTS = ("capacity", "policies", "overload", "ratio", "scale")
+EXPERIMENTS = ("capacity", "policies", "overload", "ratio", "elastic", "scale")
 TTFT_SLO_MS = 30000
 
 
@@ -254,6 +258,59 @@ def plot_utilisation(args, out, speed, split=(12, 4)):
     fig.savefig(os.path.join(out, "utilisation.png"), dpi=80)
 
 
+def shifting_phases(rate):
+    """Long prompts / short answers, then short prompts / long answers at three times the
+    arrival rate, then long prompts again (requests/s of the first phase: `rate`)."""
+    n = 400 if ARGS_QUICK else 1200
+    return (f"n={n},in=8000,out=20,rate={rate:g};n={int(2.5 * n)},in=300,out=1500,rate={3 * rate:g};"
+            f"n={n},in=8000,out=20,rate={rate:g}")
+
+
+ARGS_QUICK = False
+
+
+def elastic(args, out):
+    global ARGS_QUICK
+    ARGS_QUICK = args.quick
+    splits = [(4, 12), (8, 8), (12, 4)]
+    slo = ["--slo-ttft-ms", 10000, "--slo-tbt-ms", 100]
+    lines = ["## Elastic pools against fixed splits (16 nodes, A800 profile)", "",
+             "Capacity: the highest rate (shifting load: requests/s of its first phase; trace: the "
+             "trace's speed-up) at which >= 90% of the requests meet TTFT <= 10 s (shifting) / 30 s "
+             "(trace) and TBT <= 100 ms. Elastic starts from the split named and the planner "
+             "(default settings: high 0.7, low 0.35, dwell 10 s, every 1 s) moves instances.", "",
+             "| load | start split | fixed capacity | elastic capacity | elastic / fixed | "
+             "elastic / best fixed | switches at that rate |", "|---|---|---|---|---|---|---|"]
+    data = {}
+    loads = {
+        "shifting": lambda speed, extra: simulate(
+            args, "--profile", PROFILES["A800"], "--phases", shifting_phases(speed), "--range", 0.5,
+            *slo, *extra),
+        "conversation": lambda speed, extra: simulate(
+            args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
+            "--slo-ttft-ms", TTFT_SLO_MS, "--slo-tbt-ms", 100, *extra),
+    }
+    for load, run in loads.items():
+        results = {}
+        for p, d in splits:
+            for mode in ("fixed", "elastic"):
+                extra = ["--prefill", p, "--decode", d] + (["--elastic"] if mode == "elastic" else [])
+                cap, _ = max_speed(lambda sp: run(sp, extra)["slo_attainment"], lo=0.5, hi=32.0,
+                                   steps=4 if args.quick else 5)
+                switches = run(cap, extra)["simulation"].get("role_switches", 0) if cap > 0 else 0
+                results[(p, d, mode)] = (cap, switches)
+        best = max(results[(p, d, "fixed")][0] for p, d in splits)
+        for p, d in splits:
+            fixed, _ = results[(p, d, "fixed")]
+            el, switches = results[(p, d, "elastic")]
+            ratio = f"{el / fixed:.2f}" if fixed > 0 else "-"
+            lines.append(f"| {load} | {p}:{d} | {fixed:.2f} | {el:.2f} | {ratio} | "
+                         f"{el / best if best > 0 else 0:.2f} | {switches} |")
+            data[f"{load} {p}:{d}"] = {"fixed": fixed, "elastic": el, "switches": switches}
+            print(lines[-1], flush=True)
+    return "\n".join(lines), data
+
+
 def scale(args, out):
     lines = ["## Speed of the simulator (2 cores)", "", "| run | requests | instances | simulated s | "
              "wall s | events | events/s |", "|---|---|---|---|---|---|---|"]
@@ -285,7 +342,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     chosen = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
-    fns = {"capacity": capacity, "policies": policies, "overload": overload, "ratio": ratio, "scale": scale}
+    fns = {"capacity": capacity, "policies": policies, "overload": overload, "ratio": ratio, "elastic": elastic,
+           "scale": scale}
     tables, data = [], {}
     for name in chosen:
         table, d = fns[name](args, args.out)

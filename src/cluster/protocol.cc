@@ -159,6 +159,7 @@ std::string WorkerInfo::ToJson() const {
               {"model", model},
               {"incarnation", incarnation},
               {"max_batch_tokens", max_batch_tokens},
+              {"max_num_seqs", max_num_seqs},
               {"cost", json::parse(cost.ToJson())}}
       .dump();
 }
@@ -179,6 +180,7 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
     w.model = j.value("model", "");
     w.incarnation = j.value("incarnation", int64_t{0});
     w.max_batch_tokens = j.value("max_batch_tokens", 256);
+    w.max_num_seqs = j.value("max_num_seqs", 0);
     if (j.contains("cost")) {
       auto cost = conductor::CostModel::FromJson(j.at("cost").dump());
       if (cost.ok()) w.cost = std::move(*cost);  // an unreadable profile: no predictions

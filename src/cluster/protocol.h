@@ -54,6 +54,7 @@ struct WorkerInfo {
   std::string model;           // file name of the model, to refuse mismatched pairs
   int64_t incarnation = 0;     // start time (ms since epoch): a restarted worker differs
   int max_batch_tokens = 256;  // tokens per forward step (chunk of a local prefill)
+  int max_num_seqs = 0;        // sequences decoded at once at most (0: unknown)
   conductor::CostModel cost;   // fitted at start or loaded; invalid: none
 
   std::string ToJson() const;

@@ -195,6 +195,7 @@ class WorkerImpl final : public Worker {
       info_.cost = std::move(*cost);
     }
     info_.max_batch_tokens = o.scheduler.max_batch_tokens;
+    info_.max_num_seqs = o.scheduler.max_num_seqs;
     serving::SchedulerOptions so = o.scheduler;
     TANDEM_RETURN_IF_ERROR(StartPool(incarnation, &so));
     backend_ = serving::MakeLocalBackend(engine_.get(), so);

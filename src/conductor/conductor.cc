@@ -496,6 +496,7 @@ class ConductorImpl final : public Conductor {
         p.decode_step_s = ClusterView::DecodeStepSeconds(w, &p.decoding);
         const auto& b = w.stats.backend;
         p.kv_used = b.kv_blocks_total > 0 ? double(b.kv_blocks_used) / b.kv_blocks_total : 0;
+        p.seq_used = w.info.max_num_seqs > 0 ? double(w.decodes.size()) / w.info.max_num_seqs : 0;
         p.busy_share = w.busy_share;
         in.workers.push_back(p);
         names.push_back(name);

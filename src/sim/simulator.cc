@@ -163,6 +163,7 @@ class Simulation {
                                                     : cluster::Role::kMixed;
         w.info.block_tokens = bt_;
         w.info.max_batch_tokens = p.max_batch_tokens;
+        w.info.max_num_seqs = p.max_num_seqs;
         w.info.cost = p.cost.Scaled(o.predicted_scale, o.predicted_scale);
         w.healthy = true;
         inst->view = &w;
@@ -362,6 +363,9 @@ class Simulation {
       w.prefill_queue_s = ClusterView::QueueSeconds(*inst->view, TimeAt(now_));
       w.decode_step_s = ClusterView::DecodeStepSeconds(*inst->view, &w.decoding);
       w.kv_used = inst->total_blocks > 0 ? double(inst->used_blocks) / inst->total_blocks : 0;
+      w.seq_used = inst->view->info.max_num_seqs > 0
+                       ? double(inst->view->decodes.size()) / inst->view->info.max_num_seqs
+                       : 0;
       w.busy_share = inst->busy_share;
       in.workers.push_back(w);
     }

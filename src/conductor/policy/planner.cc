@@ -59,7 +59,7 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
     }
     if (IsDecodeCapable(w.role)) {
       ++n_decode;
-      decode_sum += std::max(w.decode_step_s / tbt, w.kv_used);
+      decode_sum += std::max({w.decode_step_s / tbt, w.kv_used, w.seq_used});
     }
   }
   // Without prefill workers the decode workers compute the prompts.

@@ -8,7 +8,8 @@
 //                      by the conductor) / (prefill workers x TTFT SLO),
 //                      mean measured busy share of the prefill workers)
 //   decode load  = mean over decode-capable workers of
-//                      max(predicted step time of its batch / TBT SLO, share of its KV in use)
+//                      max(predicted step time of its batch / TBT SLO, share of its KV in use,
+//                          sequences placed there / its batch's places)
 // and a pool whose SLO made admission turn requests away (PlannerInput's rejected shares) is
 // above `high` whatever those figures say: admission keeps the predictions within the SLOs by
 // refusing the excess, so the excess shows only as rejections.
@@ -36,6 +37,8 @@ struct PlannerWorker {
   int decoding = 0;             // sequences in its decode batch
   double decode_step_s = 0;     // predicted step time of that batch (0: none)
   double kv_used = 0;           // share of its KV blocks held by sequences, 0..1
+  double seq_used = 0;          // sequences placed there (decoding or about to) / its
+                                // max_num_seqs: above 1, some wait for a place in the batch
   double busy_share = 0;        // share of recent wall time its engine computed, 0..1
 };
 

@@ -51,6 +51,10 @@ TEST(PlannerTest, LoadsAreSharesOfTheSlos) {
   EXPECT_EQ(d.prefill_workers, 2);
   EXPECT_EQ(d.decode_workers, 2);
 
+  // A decode worker with more sequences placed than its batch holds is loaded (they wait).
+  PlannerWorker full = Decode("d9", 40, 0.01, 0.1);
+  full.seq_used = 1.25;
+  EXPECT_DOUBLE_EQ(PlanPools(Cluster({full}), {}).decode_load, 1.25);
   // A saturated prefill worker counts as loaded even with a short queue.
   const PlannerDecision busy = PlanPools(Cluster({Prefill("p0", 0.1, 0.95)}), {});
   EXPECT_DOUBLE_EQ(busy.prefill_load, 0.95);
