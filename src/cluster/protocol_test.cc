@@ -17,6 +17,7 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   w.layer_slice_bytes = 12288;
   w.kv_blocks = 1024;
   w.incarnation = 17;
+  w.max_num_seqs = 48;
   auto w2 = WorkerInfo::FromJson(w.ToJson());
   ASSERT_TRUE(w2.ok()) << w2.status().ToString();
   EXPECT_EQ(w2->name, "decode-0");
@@ -24,6 +25,7 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(w2->port, 4321);
   EXPECT_EQ(w2->layer_slice_bytes, 12288u);
   EXPECT_EQ(w2->incarnation, 17);
+  EXPECT_EQ(w2->max_num_seqs, 48);
 
   PrefillCall p;
   p.id = "cmpl-1";
