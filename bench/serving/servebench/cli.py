@@ -254,7 +254,9 @@ def run_once(args, cfg, out_dir, rate=None, salt=None):
     reqs, desc = build_workload(args, rate, salt)
     os.makedirs(out_dir, exist_ok=True)
     scraper = None
-    if args.scrape_metrics_interval_s > 0:
+    if args.scrape_metrics_interval_s > 0 and scrape.UNAVAILABLE:
+        print(f"note: {scrape.UNAVAILABLE}", file=sys.stderr)
+    elif args.scrape_metrics_interval_s > 0:
         scraper = scrape.Scraper(cfg.base_url, cfg.api_key, args.scrape_metrics_interval_s,
                                  os.path.join(out_dir, "metrics_timeseries.jsonl"))
     records, duration = asyncio.run(runner.run_workload(reqs, cfg, not args.no_progress, scraper))

@@ -2,11 +2,9 @@
 the worker-utilisation and pool-size families, one JSON line per scrape in
 metrics_timeseries.jsonl: {"t": seconds since the run started, "samples": [{"name", "labels",
 "value"}]}. A family the server does not export is simply absent; a failed scrape is counted
-and skipped. The text is parsed with prometheus_client's parser when it is installed, else
-with a small parser of the text format (standard library only)."""
+and skipped. The text is parsed with prometheus_client's parser; without it there are no scrapes."""
 import asyncio
 import json
-import re
 import time
 
 from . import client
@@ -24,59 +22,27 @@ FAMILIES = (
 
 try:
     from prometheus_client.parser import text_string_to_metric_families as _prom_families
-except ImportError:  # optional: the fallback parser below reads the same text
+except ImportError:  # then no scrapes: the summary has no utilisation
     _prom_families = None
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def _unescape(v):
-    return re.sub(r'\\(["\\n])', lambda m: "\n" if m.group(1) == "n" else m.group(1), v)
-
-
-def _parse_plain(text):
-    """(name, labels, value) of every well-formed sample line; others are skipped."""
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        name, label_text, value = m.groups()
-        labels, pos = {}, 0
-        while label_text and pos < len(label_text):
-            lm = _LABEL.match(label_text, pos)
-            if not lm or lm.end() == pos:
-                break
-            labels[lm.group(1)] = _unescape(lm.group(2))
-            pos = lm.end()
-        try:
-            yield name, labels, float(value)
-        except ValueError:
-            continue
-
-
-def _parse_prom(text):
-    for family in _prom_families(text):
-        for s in family.samples:
-            yield s.name, dict(s.labels), float(s.value)
+# Why scrapes cannot run here, or None.
+UNAVAILABLE = (None if _prom_families is not None else
+               "prometheus_client is not installed (pip install prometheus_client): /metrics not read")
 
 
 def parse(text, families=FAMILIES):
     """The samples of `families` in a Prometheus text exposition, as [{"name", "labels",
-    "value"}] in the order they appear."""
+    "value"}] in the order they appear. ValueError when the text does not parse."""
     wanted = set(families)
-    rows = None
-    if _prom_families is not None:
-        try:
-            rows = list(_parse_prom(text))
-        except (ValueError, TypeError, IndexError):  # not strictly valid: read it line by line
-            rows = None
-    if rows is None:
-        rows = list(_parse_plain(text))
-    return [{"name": n, "labels": ls, "value": v} for n, ls, v in rows if n in wanted]
+    rows = []
+    try:
+        for family in _prom_families(text):
+            for s in family.samples:
+                if s.name in wanted:
+                    rows.append({"name": s.name, "labels": dict(s.labels), "value": float(s.value)})
+    except (TypeError, IndexError) as e:
+        raise ValueError(f"not a Prometheus text exposition: {e}") from e
+    return rows
 
 
 class Scraper:
@@ -104,7 +70,13 @@ class Scraper:
             self.errors += 1
             self.last_error = f"{type(e).__name__}: {e}"[:300]
             return None
-        row = {"t": round(t, 4), "samples": parse(text)}
+        try:
+            samples = parse(text)
+        except ValueError as e:
+            self.errors += 1
+            self.last_error = str(e)[:300]
+            return None
+        row = {"t": round(t, 4), "samples": samples}
         self.scrapes.append(row)
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
