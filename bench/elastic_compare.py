@@ -44,8 +44,8 @@ sys.path.insert(0, os.path.join(HERE, "serving"))
 
 from compare_servers import make_logger  # noqa: E402
 from disagg_compare import loadavg  # noqa: E402
-from scheduling_compare import (TRACE, RunError, median_or_none, num, pct, poisson_retimed,  # noqa: E402
-                                resolve_model, rotated, run_config, serve_flags, slo_bench_args,
+from scheduling_compare import (TRACE, RunError, check_inputs, median_or_none, num, pct, poisson_retimed,  # noqa: E402
+                                rotated, run_config, serve_flags, slo_bench_args,
                                 slo_server_args, trace_rows, write_rows)
 from servebench import report  # noqa: E402
 
@@ -279,17 +279,10 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    model = resolve_model(args.model)
-    if model is None:
-        print(f"error: no model {'at ' + args.model if args.model else 'in models/'} (pass --model "
-              f"FILE.gguf)", file=sys.stderr)
-        return 2
-    args.model = model
-    if not (os.path.isfile(args.tandem) and os.access(args.tandem, os.X_OK)):
-        print(f"error: no tandem binary at {args.tandem} (build it, or pass --tandem)", file=sys.stderr)
-        return 2
-    if "trace" in args.workload_list and not os.path.exists(args.trace):
-        print(f"error: no trace at {args.trace} (pass --trace, or --workloads shifting)", file=sys.stderr)
+    error = check_inputs(args, need_trace="trace" in args.workload_list,
+                         trace_hint="pass --trace, or --workloads shifting")
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     log = make_logger(args.out)

@@ -928,19 +928,25 @@ def resolve_model(path):
     return os.path.join(d, found[0]) if len(found) == 1 else None
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def check_inputs(args, need_trace=True, trace_hint="pass --trace"):
+    """Resolves args.model and checks the binary and the trace: an error message, or None."""
     model = resolve_model(args.model)
     if model is None:
-        print(f"error: no model {'at ' + args.model if args.model else 'in models/'} (pass --model "
-              f"FILE.gguf)", file=sys.stderr)
-        return 2
+        return (f"no model {'at ' + args.model if args.model else 'in models/'} (pass --model "
+                f"FILE.gguf)")
     args.model = model
     if not (os.path.isfile(args.tandem) and os.access(args.tandem, os.X_OK)):
-        print(f"error: no tandem binary at {args.tandem} (build it, or pass --tandem)", file=sys.stderr)
-        return 2
-    if not os.path.exists(args.trace):
-        print(f"error: no trace at {args.trace} (pass --trace)", file=sys.stderr)
+        return f"no tandem binary at {args.tandem} (build it, or pass --tandem)"
+    if need_trace and not os.path.exists(args.trace):
+        return f"no trace at {args.trace} ({trace_hint})"
+    return None
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    error = check_inputs(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     flags = serve_flags(args.tandem)
     missing = {e: [f for f in REQUIRED_FLAGS[e] if f not in flags] for e in args.experiments}

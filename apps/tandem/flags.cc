@@ -10,6 +10,29 @@ std::string Exact(double v) { return fmt::format("{}", v); }
 
 }  // namespace
 
+void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& p) {
+  cmd->add_flag("--elastic", p.elastic,
+                "Switch workers between prefill and decode as the load shifts "
+                "(the planner; see --planner-*)");
+  cmd->add_option("--planner-interval-s", p.interval_s,
+                  "Seconds between two decisions of the planner")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--planner-dwell-s", p.dwell_s,
+                  "A worker keeps a new role at least this long; the cluster changes one role "
+                  "per half of it at most")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--planner-high", p.high,
+                  "A pool whose load (share of what meets the SLOs) is above this asks for a "
+                  "worker")
+      ->check(CLI::Range(0.01, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--planner-low", p.low, "A pool gives a worker only while its load is below this")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+}
+
 void AddModelFlag(CLI::App* cmd, std::string& model) {
   cmd->add_option("--model", model, "GGUF model file (default: the bundled SmolLM2-135M)");
 }

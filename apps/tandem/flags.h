@@ -27,6 +27,18 @@ struct WorkerKnobs {
   bool operator==(const WorkerKnobs&) const = default;
 };
 
+// The planner of elastic pools (conductor/policy/planner.h), in `serve`, `conductor` and
+// `simulate`.
+struct PlannerKnobs {
+  bool elastic = false;  // run it at all
+  double interval_s = 1.0;
+  double dwell_s = 10.0;
+  double high = 0.7;
+  double low = 0.35;
+};
+// --elastic, --planner-interval-s, --planner-dwell-s, --planner-high, --planner-low.
+void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
+
 // --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s.
 void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& knobs);
 // --transfer-protocols, --kv-transfer-timeout-s, --cost-profile, --kv-pool, --pool-dram-mb.

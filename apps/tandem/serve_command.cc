@@ -119,28 +119,7 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->capture_default_str();
   cmd->add_flag("!--no-local-prefill", f.local_prefill,
                 "Never compute a prompt on its decode worker (no conditional disaggregation)");
-  // Elastic pools (ignored by --mode colocated).
-  cmd->add_flag("--elastic", f.elastic,
-                "Switch workers between prefill and decode at runtime as the load shifts "
-                "(the planner; see --planner-*)");
-  cmd->add_option("--planner-interval-s", f.planner_interval_s,
-                  "Seconds between two decisions of the planner")
-      ->check(CLI::Range(0.05, 3600.0))
-      ->capture_default_str();
-  cmd->add_option("--planner-dwell-s", f.planner_dwell_s,
-                  "A worker keeps a new role at least this long; the cluster changes one role "
-                  "per half of it at most")
-      ->check(CLI::Range(0.0, 86400.0))
-      ->capture_default_str();
-  cmd->add_option("--planner-high", f.planner_high,
-                  "A pool whose load (share of what meets the SLOs) is above this asks for a "
-                  "worker")
-      ->check(CLI::Range(0.01, 100.0))
-      ->capture_default_str();
-  cmd->add_option("--planner-low", f.planner_low,
-                  "A pool gives a worker only while its load is below this")
-      ->check(CLI::Range(0.0, 100.0))
-      ->capture_default_str();
+  AddPlannerFlags(cmd, f.planner);  // ignored by --mode colocated
 }
 
 }  // namespace
@@ -399,15 +378,15 @@ int RunServe(const ServeFlags& f) {
   co.vocab_size = config.vocab_size;
   co.max_model_len = max_model_len;
   // (Counted over every worker: with elastic pools, any of them may come to decode.)
-  co.max_inflight =
-      std::max(1, f.knobs.max_num_seqs * (f.decode_workers + (f.elastic ? f.prefill_workers : 0)) +
-                      f.knobs.max_waiting);
-  co.elastic = f.elastic;
-  co.planner_interval = std::chrono::milliseconds(static_cast<int64_t>(f.planner_interval_s * 1e3));
-  co.planner.dwell_s = f.planner_dwell_s;
-  co.planner.high = f.planner_high;
-  co.planner.low = f.planner_low;
-  if (f.planner_low >= f.planner_high) {
+  co.max_inflight = std::max(
+      1, f.knobs.max_num_seqs * (f.decode_workers + (f.planner.elastic ? f.prefill_workers : 0)) +
+             f.knobs.max_waiting);
+  co.elastic = f.planner.elastic;
+  co.planner_interval = std::chrono::milliseconds(static_cast<int64_t>(f.planner.interval_s * 1e3));
+  co.planner.dwell_s = f.planner.dwell_s;
+  co.planner.high = f.planner.high;
+  co.planner.low = f.planner.low;
+  if (f.planner.low >= f.planner.high) {
     std::fprintf(stderr, "error: --planner-low must be below --planner-high\n");
     return 2;
   }
@@ -506,7 +485,7 @@ int RunServe(const ServeFlags& f) {
                 "disaggregated{}, {} prefill + {} decode workers x {} threads, metadata {}, "
                 "max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) per worker, "
                 "max_model_len={} chat_template={}",
-                f.elastic ? " (elastic pools)" : "", f.prefill_workers, f.decode_workers,
+                f.planner.elastic ? " (elastic pools)" : "", f.prefill_workers, f.decode_workers,
                 worker_threads, metadata_uri, f.knobs.max_num_seqs, kv_tokens, kv_mib,
                 max_model_len, front->chat_template ? "yes" : "no")
           : fmt::format(

@@ -41,12 +41,7 @@ struct ServeFlags {
   bool local_prefill = true;  // conditional disaggregation
   double slo_ttft_ms = 0;     // 0: none (a request may set its own)
   double slo_tbt_ms = 0;
-  // Elastic pools (conductor/policy/planner.h): the planner switches workers between roles.
-  bool elastic = false;
-  double planner_interval_s = 1.0;
-  double planner_dwell_s = 10.0;
-  double planner_high = 0.7;
-  double planner_low = 0.35;
+  PlannerKnobs planner;  // elastic pools
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.

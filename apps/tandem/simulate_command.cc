@@ -118,20 +118,7 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
                   "Bucket of utilisation.json")
       ->check(CLI::Range(1e-3, 1e6))
       ->capture_default_str();
-  cmd->add_flag("--elastic", f.elastic,
-                "Let the conductor's planner switch instances between prefill and decode");
-  cmd->add_option("--planner-interval-s", f.planner_interval_s, "Seconds between decisions")
-      ->check(CLI::Range(0.01, 3600.0))
-      ->capture_default_str();
-  cmd->add_option("--planner-dwell-s", f.planner_dwell_s, "An instance keeps a new role this long")
-      ->check(CLI::Range(0.0, 86400.0))
-      ->capture_default_str();
-  cmd->add_option("--planner-high", f.planner_high, "A pool above this load asks for an instance")
-      ->check(CLI::Range(0.01, 100.0))
-      ->capture_default_str();
-  cmd->add_option("--planner-low", f.planner_low, "A pool below this load may give one")
-      ->check(CLI::Range(0.0, 100.0))
-      ->capture_default_str();
+  AddPlannerFlags(cmd, f.planner);
   cmd->add_option("--seed", f.seed, "Random seed (random placement, engine noise, synthetic load)")
       ->capture_default_str();
   cmd->add_option("--out", f.out,
@@ -236,11 +223,11 @@ int RunSimulate(const SimulateFlags& flags) {
   o.utilisation_interval_s = f.utilisation_interval_s;
   o.keep_gaps = f.keep_gaps;
   o.seed = f.seed;
-  o.elastic = f.elastic;
-  o.planner_interval_s = f.planner_interval_s;
-  o.planner.dwell_s = f.planner_dwell_s;
-  o.planner.high = f.planner_high;
-  o.planner.low = f.planner_low;
+  o.elastic = f.planner.elastic;
+  o.planner_interval_s = f.planner.interval_s;
+  o.planner.dwell_s = f.planner.dwell_s;
+  o.planner.high = f.planner.high;
+  o.planner.low = f.planner.low;
   auto result = sim::Simulate(workload, o);
   if (!result.ok()) {
     std::fprintf(stderr, "error: %s\n", result.status().ToString().c_str());
@@ -251,7 +238,7 @@ int RunSimulate(const SimulateFlags& flags) {
                                   : std::to_string(f.prefill) + "P+" + std::to_string(f.decode) +
                                         "D" +
                                         (f.mixed > 0 ? "+" + std::to_string(f.mixed) + "M" : "");
-  const std::string elastic = f.elastic ? " elastic" : "";
+  const std::string elastic = f.planner.elastic ? " elastic" : "";
   const nlohmann::json config = {
       {"label", cluster + elastic + " " + f.placement_policy + "/" + f.admission},
       {"description", cluster + elastic + ", " + o.profile.description + ", " + workload_desc},
@@ -264,7 +251,7 @@ int RunSimulate(const SimulateFlags& flags) {
       {"placement_policy", f.placement_policy},
       {"admission", f.admission},
       {"local_prefill", f.local_prefill},
-      {"elastic", f.elastic},
+      {"elastic", f.planner.elastic},
       {"speed", f.speed},
       {"block_tokens", o.profile.block_tokens},
       {"max_batch_tokens", o.profile.max_batch_tokens},
@@ -299,7 +286,7 @@ int RunSimulate(const SimulateFlags& flags) {
   std::printf("prefix cache hit share %.3f; utilisation %s; %lld events in %.2f s\n",
               sim["prefix_cache_hit_share"].get<double>(), sim["utilisation"].dump().c_str(),
               static_cast<long long>(sim["events"].get<int64_t>()), sim["wall_s"].get<double>());
-  if (f.elastic) {
+  if (f.planner.elastic) {
     std::printf("role switches %lld; planner decisions %s\n",
                 static_cast<long long>(sim["role_switches"].get<int64_t>()),
                 sim["planner_decisions"].dump().c_str());

@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "flags.h"
+
 namespace tandem::app {
 
 struct SimulateFlags {
@@ -44,12 +46,7 @@ struct SimulateFlags {
   double ttft_overhead_ms = -1;  // < 0: the profile's
   double step_overhead_ms = -1;  // < 0: the profile's
   double utilisation_interval_s = 10;
-  // Elastic pools (the conductor's planner).
-  bool elastic = false;
-  double planner_interval_s = 1.0;
-  double planner_dwell_s = 10.0;
-  double planner_high = 0.7;
-  double planner_low = 0.35;
+  PlannerKnobs planner;  // elastic pools
   uint64_t seed = 1;
   std::string out;  // results directory
   bool keep_gaps = false;
