@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -88,8 +89,9 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(2, 1 << 24));
   cmd->add_option("--api-key", f.api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/* (or env TANDEM_API_KEY)");
-  cmd->add_option("--served-model-name", f.served_model_name,
-                  "Model name clients use (default: file stem)");
+  cmd->add_option("--served-model-name", f.served_model_names,
+                  "Model names clients use, the first being the main one (default: file stem)")
+      ->expected(1, 16);
   cmd->add_option("--request-timeout-s", f.request_timeout_s, "A request fails after this long")
       ->check(CLI::Range(0.1, 1e6))
       ->capture_default_str();
@@ -287,9 +289,18 @@ int RunServe(const ServeFlags& f) {
   if (opts.api_key.empty()) {
     if (const char* env = std::getenv("TANDEM_API_KEY")) opts.api_key = env;
   }
-  opts.served_model_name = f.served_model_name.empty()
-                               ? std::filesystem::path(model_path).stem().string()
-                               : f.served_model_name;
+  if (f.served_model_names.empty()) {
+    opts.served_model_name = std::filesystem::path(model_path).stem().string();
+  } else {
+    opts.served_model_name = f.served_model_names.front();
+    for (const std::string& name : f.served_model_names) {  // repeated flags accumulate
+      const auto& known = opts.model_aliases;
+      if (name != opts.served_model_name &&
+          std::find(known.begin(), known.end(), name) == known.end()) {
+        opts.model_aliases.push_back(name);
+      }
+    }
+  }
   opts.max_model_len = max_model_len;
   opts.request_timeout_s = f.request_timeout_s;
   opts.http_threads =

@@ -18,12 +18,14 @@ struct ServeFlags {
   std::string model;  // default: the bundled model
   std::string host = "127.0.0.1";
   int port = 8000;
-  int threads = 0;                // 0: all cores
-  int kv_cache_tokens = 0;        // 0: max(16384, max_model_len), or from --kv-cache-mb
-  int kv_cache_mb = 0;            // 0: unset
-  int max_model_len = 0;          // 0: the model's context length
-  std::string api_key;            // or env TANDEM_API_KEY
-  std::string served_model_name;  // default: the model file's stem
+  int threads = 0;          // 0: all cores
+  int kv_cache_tokens = 0;  // 0: max(16384, max_model_len), or from --kv-cache-mb
+  int kv_cache_mb = 0;      // 0: unset
+  int max_model_len = 0;    // 0: the model's context length
+  std::string api_key;      // or env TANDEM_API_KEY
+  // The first is the name responses carry by default; all are accepted and listed. Default: the
+  // model file's stem.
+  std::vector<std::string> served_model_names;
   double request_timeout_s = 600;
   int http_threads = 0;  // 0: max_num_seqs + max_waiting + 16
   // Scheduling and transfer settings, the colocated engine's and each worker's (passed on).

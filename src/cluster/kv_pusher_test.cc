@@ -49,7 +49,8 @@ class Collector : public serving::GenerationSink {
   // With a pusher: finishes the push at the first token, as the prefill worker does.
   explicit Collector(std::shared_ptr<KvPusher> pusher = nullptr, std::string note = {})
       : pusher_(std::move(pusher)), note_(std::move(note)) {}
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& sampled) override {
+    const int32_t token = sampled.token;
     tokens_.push_back(token);
     if (pusher_ && tokens_.size() == 1) {
       nlohmann::json j = {{"id", note_}, {"first_token", token}};

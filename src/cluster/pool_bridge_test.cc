@@ -31,7 +31,8 @@ bool WaitFor(const std::function<bool()>& pred) {
 
 class Collector : public serving::GenerationSink {
  public:
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& sampled) override {
+    const int32_t token = sampled.token;
     tokens.push_back(token);
     return true;
   }

@@ -24,7 +24,14 @@ json SamplingJson(const engine::SamplingParams& s) {
           {"top_k", s.top_k},
           {"top_p", s.top_p},
           {"min_p", s.min_p},
-          {"seed", s.seed}};
+          {"seed", s.seed},
+          {"presence_penalty", s.presence_penalty},
+          {"frequency_penalty", s.frequency_penalty},
+          {"repetition_penalty", s.repetition_penalty},
+          {"logit_bias", s.logit_bias},  // [[id, bias], ...]
+          {"min_tokens", s.min_tokens},
+          {"stop_token_ids", s.stop_token_ids},
+          {"logprobs", s.logprobs}};
 }
 
 engine::SamplingParams SamplingFrom(const json& j) {
@@ -34,7 +41,35 @@ engine::SamplingParams SamplingFrom(const json& j) {
   s.top_p = j.value("top_p", 1.0f);
   s.min_p = j.value("min_p", 0.0f);
   s.seed = j.value("seed", uint64_t{0});
+  s.presence_penalty = j.value("presence_penalty", 0.0f);
+  s.frequency_penalty = j.value("frequency_penalty", 0.0f);
+  s.repetition_penalty = j.value("repetition_penalty", 1.0f);
+  s.logit_bias = j.value("logit_bias", std::vector<std::pair<int32_t, float>>{});
+  s.min_tokens = j.value("min_tokens", 0);
+  s.stop_token_ids = j.value("stop_token_ids", std::vector<int32_t>{});
+  s.logprobs = j.value("logprobs", -1);
   return s;
+}
+
+// A drawn token: {"token": id} plus, with logprobs, "logprob" and "top": [[id, logprob], ...].
+void PutSampled(const engine::SampledToken& t, const char* key, json* j) {
+  (*j)[key] = t.token;
+  (*j)["logprob"] = t.logprob;
+  if (!t.top.empty()) {
+    json top = json::array();
+    for (const auto& a : t.top) top.push_back({a.token, a.logprob});
+    (*j)["top"] = std::move(top);
+  }
+}
+
+engine::SampledToken SampledFrom(const json& j, const char* key) {
+  engine::SampledToken t;
+  t.token = j.at(key).get<int32_t>();
+  t.logprob = j.value("logprob", 0.0f);
+  if (auto it = j.find("top"); it != j.end()) {
+    for (const json& a : *it) t.top.push_back({a.at(0).get<int32_t>(), a.at(1).get<float>()});
+  }
+  return t;
 }
 
 json TargetJson(const KvTarget& t) {
@@ -339,16 +374,19 @@ StatusOr<RoleChangeResult> RoleChangeResult::FromJson(const std::string& text) {
 }
 
 std::string PrefillResult::ToJson() const {
-  return json{{"first_token", first_token},           {"cached_tokens", cached_tokens},
-              {"queue_seconds", queue_seconds},       {"prefill_seconds", prefill_seconds},
-              {"transfer_seconds", transfer_seconds}, {"kv_bytes", kv_bytes}}
-      .dump();
+  json j{{"cached_tokens", cached_tokens},
+         {"queue_seconds", queue_seconds},
+         {"prefill_seconds", prefill_seconds},
+         {"transfer_seconds", transfer_seconds},
+         {"kv_bytes", kv_bytes}};
+  PutSampled(first_token, "first_token", &j);
+  return j.dump();
 }
 
 StatusOr<PrefillResult> PrefillResult::FromJson(const std::string& text) {
   return Parse<PrefillResult>(text, "prefill result", [](const json& j) -> StatusOr<PrefillResult> {
     PrefillResult r;
-    r.first_token = j.at("first_token").get<int32_t>();
+    r.first_token = SampledFrom(j, "first_token");
     r.cached_tokens = j.value("cached_tokens", 0);
     r.queue_seconds = j.value("queue_seconds", 0.0);
     r.prefill_seconds = j.value("prefill_seconds", 0.0);
@@ -362,7 +400,10 @@ std::string DecodeEvent::ToJson() const {
   json j;
   switch (kind) {
     case Kind::kReserved: j = {{"event", "reserved"}, {"target", TargetJson(reserved)}}; break;
-    case Kind::kToken: j = {{"event", "token"}, {"token", token}}; break;
+    case Kind::kToken:
+      j = {{"event", "token"}};
+      PutSampled(token, "token", &j);
+      break;
     case Kind::kFinish:
       j = {{"event", "finish"},
            {"reason", serving::FinishReasonName(finish.reason)},
@@ -392,7 +433,7 @@ StatusOr<DecodeEvent> DecodeEvent::FromJson(const std::string& text) {
       e.reserved = TargetFrom(j.at("target"));
     } else if (kind == "token") {
       e.kind = Kind::kToken;
-      e.token = j.at("token").get<int32_t>();
+      e.token = SampledFrom(j, "token");
     } else if (kind == "finish") {
       e.kind = Kind::kFinish;
       e.finish.reason = ReasonFrom(j.at("reason").get<std::string>());

@@ -122,7 +122,7 @@ struct PrefillCall {
 };
 
 struct PrefillResult {
-  int32_t first_token = -1;
+  engine::SampledToken first_token;  // with its logprobs when the call asked for them
   int cached_tokens = 0;
   double queue_seconds = 0;
   double prefill_seconds = 0;   // first scheduled -> last layer computed
@@ -138,7 +138,7 @@ struct DecodeEvent {
   enum class Kind { kReserved, kToken, kFinish, kError };
   Kind kind = Kind::kToken;
   KvTarget reserved;           // kReserved
-  int32_t token = -1;          // kToken
+  engine::SampledToken token;  // kToken
   serving::FinishInfo finish;  // kFinish (reason, counts, first_decode_seconds)
   Status error;                // kError
 

@@ -78,7 +78,7 @@ class StreamSink : public serving::GenerationSink {
  public:
   StreamSink(std::shared_ptr<DecodeStream> stream, Clock::time_point kv_landed)
       : stream_(std::move(stream)), kv_landed_(kv_landed) {}
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& token) override {
     if (!first_seen_) {
       first_seen_ = true;
       first_decode_seconds_ = Seconds(Clock::now() - kv_landed_);
@@ -109,23 +109,26 @@ class PrefillSink : public serving::GenerationSink {
  public:
   PrefillSink(std::shared_ptr<KvPusher> pusher, std::string id, std::string from)
       : pusher_(std::move(pusher)), id_(std::move(id)), from_(std::move(from)) {}
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& token) override {
     first_token_ = token;
-    const std::string note =
-        json{{"kind", "kv_ready"}, {"id", id_}, {"first_token", token}, {"from", from_}}.dump();
+    const std::string note = json{
+        {"kind", "kv_ready"},
+        {"id", id_},
+        {"first_token", token.token},
+        {"from", from_}}.dump();
     push_status_ = pusher_->Finish(note);
     return true;
   }
   void OnFinish(const serving::FinishInfo& info) override { done_.set_value(info); }
 
   std::future<serving::FinishInfo> future() { return done_.get_future(); }
-  int32_t first_token() const { return first_token_; }
+  const engine::SampledToken& first_token() const { return first_token_; }
   const Status& push_status() const { return push_status_; }
 
  private:
   std::shared_ptr<KvPusher> pusher_;
   std::string id_, from_;
-  int32_t first_token_ = -1;
+  engine::SampledToken first_token_;
   Status push_status_ = Internal("no token was produced");
   std::promise<serving::FinishInfo> done_;
 };

@@ -774,7 +774,7 @@ class ConductorImpl final : public Conductor {
     // when the prefill fails, and the worker frees it at the deadline if the conductor is gone.
     call.kv_wait_ms = call.timeout_ms;
     call.local = local;
-    auto emit = [&](int32_t token) {
+    auto emit = [&](const engine::SampledToken& token) {
       if (run->tokens == 0) run->first_token_at = Clock::now();
       ++run->tokens;
       {

@@ -92,7 +92,7 @@ class FakeWorker {
       std::this_thread::sleep_for(std::chrono::milliseconds(call->prompt_tokens.size()));
       board_->Done(call->id);
       cluster::PrefillResult r;
-      r.first_token = kFirstToken;
+      r.first_token.token = kFirstToken;
       res.set_content(r.ToJson(), "application/json");
     });
     server_.Post("/v1/cancel", [this](const httplib::Request&, httplib::Response& res) {
@@ -133,7 +133,7 @@ class FakeWorker {
         if (*sent < call.max_tokens) {
           std::this_thread::sleep_for(std::chrono::milliseconds(token_delay_ms.load()));
           e.kind = DecodeEvent::Kind::kToken;
-          e.token = *sent == 0 ? kFirstToken : 100 + *sent;
+          e.token.token = *sent == 0 ? kFirstToken : 100 + *sent;
           ++*sent;
           const std::string line = e.ToJson() + "\n";
           return out.write(line.data(), line.size());
@@ -177,7 +177,8 @@ class FakeWorker {
 
 class Sink : public serving::GenerationSink {
  public:
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& sampled) override {
+    const int32_t token = sampled.token;
     tokens.push_back(token);
     return true;
   }

@@ -99,7 +99,8 @@ StatusOr<GenerateResult> Engine::Generate(std::span<const int32_t> prompt,
   } guard{kv_.get(), &blocks};
 
   GenerateResult result;
-  Sampler sampler(options.sampling);
+  const std::vector<int32_t> end_tokens = tokenizer_->EndOfGenerationIds();
+  Sampler sampler(options.sampling, prompt, end_tokens);
   std::vector<float> logits;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t start = 0; start < prompt.size(); start += options_.prefill_chunk) {
@@ -114,10 +115,12 @@ StatusOr<GenerateResult> Engine::Generate(std::span<const int32_t> prompt,
   const auto t1 = std::chrono::steady_clock::now();
   int pos = static_cast<int>(prompt.size());
   for (int i = 0; i < options.max_tokens; ++i) {
-    const int32_t tok = sampler.Sample(logits);
+    const int32_t tok = sampler.Sample(logits).token;
     result.tokens.push_back(tok);
     if (on_token && !on_token(tok)) break;
-    if (!options.ignore_eos && tokenizer_->IsEndOfGeneration(tok)) {
+    const auto& stop_ids = options.sampling.stop_token_ids;
+    if ((!options.ignore_eos && tokenizer_->IsEndOfGeneration(tok)) ||
+        std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
       result.finish_reason = "stop";
       break;
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace tandem::engine {
@@ -14,9 +15,81 @@ int32_t Argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
+                 std::span<const int32_t> end_tokens)
+    : params_(params), rng_(params.seed) {
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_tokens_.assign(prompt.begin(), prompt.end());
+    std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
+    prompt_tokens_.erase(std::unique(prompt_tokens_.begin(), prompt_tokens_.end()),
+                         prompt_tokens_.end());
+  }
+  if (params_.min_tokens > 0) {
+    masked_.assign(end_tokens.begin(), end_tokens.end());
+    masked_.insert(masked_.end(), params_.stop_token_ids.begin(), params_.stop_token_ids.end());
+  }
+}
 
-int32_t Sampler::Sample(std::span<const float> logits) {
+SampledToken Sampler::Sample(std::span<const float> logits) {
+  SampledToken out;
+  out.token = Draw(params_.AdjustsLogits() ? Adjust(logits) : logits);
+  if (params_.logprobs >= 0) FillLogprobs(logits, &out);
+  Record(out.token);
+  return out;
+}
+
+void Sampler::Resume(std::span<const int32_t> generated) {
+  for (int32_t t : generated) Record(t);
+  // Greedy draws nothing; otherwise each draw takes one uniform double, which is one 64-bit
+  // output of the generator (53 mantissa bits fit in one call).
+  if (params_.temperature > 0.0f && !generated.empty()) {
+    rng_.discard(static_cast<unsigned long long>(generated.size()));
+  }
+}
+
+void Sampler::Record(int32_t token) {
+  ++n_generated_;
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
+      params_.repetition_penalty != 1.0f) {
+    ++output_counts_[token];
+  }
+}
+
+std::span<const float> Sampler::Adjust(std::span<const float> logits) {
+  adjusted_.assign(logits.begin(), logits.end());
+  const auto in_vocab = [&](int32_t id) {
+    return id >= 0 && static_cast<size_t>(id) < logits.size();
+  };
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (in_vocab(id)) adjusted_[id] += bias;
+  }
+  if (n_generated_ < params_.min_tokens) {
+    for (int32_t id : masked_) {
+      if (in_vocab(id)) adjusted_[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  const float rep = params_.repetition_penalty;
+  auto repeat = [&](int32_t id) {
+    float& l = adjusted_[id];
+    l = l > 0 ? l / rep : l * rep;
+  };
+  if (rep != 1.0f) {
+    for (int32_t id : prompt_tokens_) {
+      if (in_vocab(id)) repeat(id);
+    }
+  }
+  for (const auto& [id, count] : output_counts_) {
+    if (!in_vocab(id)) continue;
+    // A token in the prompt was penalised for repetition above already.
+    if (rep != 1.0f && !std::binary_search(prompt_tokens_.begin(), prompt_tokens_.end(), id)) {
+      repeat(id);
+    }
+    adjusted_[id] -= params_.presence_penalty + params_.frequency_penalty * count;
+  }
+  return adjusted_;
+}
+
+int32_t Sampler::Draw(std::span<const float> logits) {
   if (params_.temperature <= 0.0f) return Argmax(logits);
   candidates_.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -71,15 +144,26 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   return candidates_[n - 1].id;
 }
 
-}  // namespace tandem::engine
-
-namespace tandem::engine {
-
-void Sampler::Skip(int n) {
-  // Greedy draws nothing; otherwise each Sample makes one uniform double draw, which takes one
-  // 64-bit output of the generator (53 mantissa bits fit in one call).
-  if (params_.temperature <= 0.0f || n <= 0) return;
-  rng_.discard(static_cast<unsigned long long>(n));
+void Sampler::FillLogprobs(std::span<const float> raw, SampledToken* out) {
+  // log p(t) = logit(t) - max - log(sum exp(logit - max)), in double for the sum.
+  float max_logit = -std::numeric_limits<float>::infinity();
+  for (float l : raw) max_logit = std::max(max_logit, l);
+  double sum = 0;
+  for (float l : raw) sum += std::exp(static_cast<double>(l - max_logit));
+  const double log_norm = max_logit + std::log(sum);
+  auto logprob = [&](int32_t id) { return static_cast<float>(raw[id] - log_norm); };
+  out->logprob = logprob(out->token);
+  const size_t k = std::min<size_t>(params_.logprobs, raw.size());
+  if (k == 0) return;
+  candidates_.resize(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) candidates_[i] = {static_cast<int32_t>(i), raw[i]};
+  std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(),
+                    [](const Candidate& a, const Candidate& b) {
+                      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+                    });
+  out->top.reserve(k);
+  for (size_t i = 0; i < k; ++i)
+    out->top.push_back({candidates_[i].id, logprob(candidates_[i].id)});
 }
 
 }  // namespace tandem::engine

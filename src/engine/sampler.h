@@ -1,13 +1,20 @@
 // Token sampling from a row of logits: greedy, or temperature with top-k, top-p and min-p
-// filters, driven by a seeded generator so that the same seed gives the same tokens.
+// filters, driven by a seeded generator so that the same seed gives the same tokens; with
+// optional logit adjustments (bias, min_tokens, penalties) and log-probabilities.
 //
-// Order of the chain (as llama.cpp's default): top-k, top-p, min-p, then temperature, then a
-// draw. temperature <= 0 means greedy (argmax, lowest id on ties) and ignores the filters.
+// Order of the chain: the adjustments (SamplingParams: logit_bias, the min_tokens mask, the
+// presence/frequency/repetition penalties), then (as llama.cpp's default) top-k, top-p, min-p,
+// temperature and a draw. temperature <= 0 means greedy (argmax of the adjusted logits, lowest
+// id on ties) and ignores the filters. Log-probabilities are those of the raw logits.
+//
+// A draw depends only on the sequence's own logits, its own tokens and its seed, never on what
+// else is in the batch (batch invariance).
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -18,21 +25,42 @@ namespace tandem::engine {
 // One per sequence; not thread-safe.
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
-  int32_t Sample(std::span<const float> logits);
-  // Advances the generator as `n` Sample calls would, so that a sequence continued elsewhere
-  // (the decode side of disaggregation) draws what it would have drawn in one place.
-  void Skip(int n);
+  // `prompt`: the sequence's prompt (read by the repetition penalty; not kept otherwise).
+  // `end_tokens`: the model's end-of-generation ids, masked with params.stop_token_ids while
+  // fewer than params.min_tokens tokens were generated.
+  explicit Sampler(const SamplingParams& params, std::span<const int32_t> prompt = {},
+                   std::span<const int32_t> end_tokens = {});
+
+  // Draws the next token from one row of logits (vocab_size floats) and records it as generated.
+  SampledToken Sample(std::span<const float> logits);
+
+  // Records tokens drawn elsewhere (the prefill side of disaggregation, from the same params)
+  // as if this sampler had drawn them: the penalties and min_tokens count them, and the
+  // generator advances as their draws did, so the continuation is what one place would draw.
+  void Resume(std::span<const int32_t> generated);
+
+  int generated() const { return n_generated_; }
 
  private:
   struct Candidate {
     int32_t id;
     float logit;
   };
+  // The logits after the adjustments, in adjusted_ (only called when params_.AdjustsLogits()).
+  std::span<const float> Adjust(std::span<const float> logits);
+  void Record(int32_t token);
+  int32_t Draw(std::span<const float> logits);
+  void FillLogprobs(std::span<const float> raw, SampledToken* out);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<Candidate> candidates_;  // scratch
-  std::vector<float> probs_;           // scratch
+  int n_generated_ = 0;
+  std::unordered_map<int32_t, int> output_counts_;  // generated token -> occurrences
+  std::vector<int32_t> prompt_tokens_;              // distinct; only with a repetition penalty
+  std::vector<int32_t> masked_;                     // end tokens masked before min_tokens
+  std::vector<float> adjusted_;                     // scratch
+  std::vector<Candidate> candidates_;               // scratch
+  std::vector<float> probs_;                        // scratch
 };
 
 int32_t Argmax(std::span<const float> logits);

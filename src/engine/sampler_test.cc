@@ -10,7 +10,7 @@ namespace {
 
 TEST(SamplerTest, GreedyTakesArgmaxLowestIdOnTies) {
   Sampler s({});
-  EXPECT_EQ(s.Sample(std::vector<float>{0.1f, 3.0f, -1.0f, 3.0f}), 1);
+  EXPECT_EQ(s.Sample(std::vector<float>{0.1f, 3.0f, -1.0f, 3.0f}).token, 1);
 }
 
 TEST(SamplerTest, SameSeedSameTokensDifferentSeedDiffers) {
@@ -22,9 +22,9 @@ TEST(SamplerTest, SameSeedSameTokensDifferentSeedDiffers) {
   Sampler c(p);
   int differ = 0;
   for (int i = 0; i < 100; ++i) {
-    const int32_t x = a.Sample(logits);
-    EXPECT_EQ(x, b.Sample(logits));
-    differ += x != c.Sample(logits);
+    const int32_t x = a.Sample(logits).token;
+    EXPECT_EQ(x, b.Sample(logits).token);
+    differ += x != c.Sample(logits).token;
   }
   EXPECT_GT(differ, 10);
 }
@@ -34,7 +34,7 @@ TEST(SamplerTest, TopKTopPMinPRestrictTheSupport) {
   auto support = [&](SamplingParams p) {
     Sampler s(p);
     std::map<int32_t, int> seen;
-    for (int i = 0; i < 4000; ++i) seen[s.Sample(logits)]++;
+    for (int i = 0; i < 4000; ++i) seen[s.Sample(logits).token]++;
     return seen;
   };
   auto k2 = support({.temperature = 1.0f, .top_k = 2, .seed = 1});
@@ -56,7 +56,7 @@ TEST(SamplerTest, FrequenciesFollowSoftmax) {
   Sampler s({.temperature = 1.0f, .seed = 9});
   int ones = 0;
   const int n = 20000;
-  for (int i = 0; i < n; ++i) ones += s.Sample(logits) == 1;
+  for (int i = 0; i < n; ++i) ones += s.Sample(logits).token == 1;
   EXPECT_NEAR(static_cast<double>(ones) / n, 0.75, 0.015);
 }
 
@@ -70,7 +70,7 @@ TEST(SamplerTest, ValidateNamesTheField) {
   EXPECT_TRUE(good.Validate().ok());
 }
 
-TEST(SamplerTest, SkipContinuesTheSameStreamOfDraws) {
+TEST(SamplerTest, ResumeContinuesTheSameStreamOfDraws) {
   SamplingParams p;
   p.temperature = 0.9f;
   p.seed = 1234;
@@ -78,11 +78,106 @@ TEST(SamplerTest, SkipContinuesTheSameStreamOfDraws) {
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(0.37f * i) * 3.0f;
   Sampler whole(p);
   std::vector<int32_t> expect;
-  for (int i = 0; i < 40; ++i) expect.push_back(whole.Sample(logits));
-  // A second sampler skips the first 7 draws and must continue identically.
+  for (int i = 0; i < 40; ++i) expect.push_back(whole.Sample(logits).token);
+  // A second sampler resumes after the first 7 draws and must continue identically.
   Sampler continued(p);
-  continued.Skip(7);
-  for (int i = 7; i < 40; ++i) EXPECT_EQ(continued.Sample(logits), expect[i]) << "draw " << i;
+  continued.Resume(std::span(expect).first(7));
+  for (int i = 7; i < 40; ++i) EXPECT_EQ(continued.Sample(logits).token, expect[i]) << "draw " << i;
+}
+
+TEST(SamplerTest, ResumeCountsTokensForThePenalties) {
+  // Greedy with a frequency penalty: each draw of a token lowers it, so the argmax alternates
+  // in a way that depends on the history; a resumed sampler must see the same history.
+  SamplingParams p{.frequency_penalty = 1.5f};
+  const std::vector<float> logits = {2.0f, 1.9f, 1.0f};
+  Sampler whole(p);
+  std::vector<int32_t> expect;
+  for (int i = 0; i < 12; ++i) expect.push_back(whole.Sample(logits).token);
+  Sampler continued(p);
+  continued.Resume(std::span(expect).first(5));
+  for (int i = 5; i < 12; ++i) EXPECT_EQ(continued.Sample(logits).token, expect[i]) << i;
+}
+
+TEST(SamplerTest, LogitBiasMovesTheArgmaxAndCanBanAToken) {
+  const std::vector<float> logits = {3.0f, 2.0f, 1.0f};
+  Sampler boosted({.logit_bias = {{2, 2.5f}}});
+  EXPECT_EQ(boosted.Sample(logits).token, 2);  // 1 + 2.5 > 3
+  // -100 makes a token practically impossible even when sampling hot.
+  Sampler banned({.temperature = 2.0f, .seed = 5, .logit_bias = {{0, -100.0f}}});
+  for (int i = 0; i < 2000; ++i) ASSERT_NE(banned.Sample(logits).token, 0);
+}
+
+TEST(SamplerTest, MinTokensMasksEndTokensUntilReached) {
+  const std::vector<float> logits = {0.0f, 1.0f, 9.0f, 5.0f};  // 2 = end token, 3 = stop id
+  const std::vector<int32_t> end = {2};
+  Sampler s({.min_tokens = 3, .stop_token_ids = {3}}, {}, end);
+  EXPECT_EQ(s.Sample(logits).token, 1);  // 2 and 3 masked
+  EXPECT_EQ(s.Sample(logits).token, 1);
+  EXPECT_EQ(s.Sample(logits).token, 1);
+  EXPECT_EQ(s.Sample(logits).token, 2);  // three generated: the end token is allowed again
+}
+
+TEST(SamplerTest, PresenceAndFrequencyPenaltiesFollowOpenAiFormula) {
+  // logit - count * frequency - (count > 0) * presence, over generated tokens only.
+  const std::vector<float> logits = {5.0f, 4.2f, 0.0f};
+  // Token 0 in the prompt does not count: the first draw is still 0.
+  const std::vector<int32_t> prompt = {0, 0, 0};
+  Sampler s({.presence_penalty = 0.5f, .frequency_penalty = 0.4f}, prompt);
+  EXPECT_EQ(s.Sample(logits).token, 0);  // 5 > 4.2
+  EXPECT_EQ(s.Sample(logits).token, 1);  // 5 - 0.9 = 4.1 < 4.2
+  EXPECT_EQ(s.Sample(logits).token, 0);  // 4.1 > 4.2 - 0.9 = 3.3
+  EXPECT_EQ(s.Sample(logits).token, 0);  // 5 - 0.5 - 2 * 0.4 = 3.7 > 3.3
+}
+
+TEST(SamplerTest, RepetitionPenaltyCoversThePromptAndDividesPositiveLogits) {
+  const std::vector<float> logits = {4.0f, 3.0f, -1.0f, -1.5f};
+  const std::vector<int32_t> prompt = {0, 0, 2};
+  // 4 / 1.5 = 2.67 < 3: token 1 wins although 0 is the raw argmax.
+  Sampler s({.repetition_penalty = 1.5f}, prompt);
+  EXPECT_EQ(s.Sample(logits).token, 1);
+  // Now 1 is penalised too (3 / 1.5 = 2): 0 wins at 2.67.
+  EXPECT_EQ(s.Sample(logits).token, 0);
+  // Negative logits are multiplied: token 2 (in the prompt) -1.5 ties token 3 (-1.5): with
+  // 0 and 1 banned, the lower id wins the tie.
+  Sampler neg({.repetition_penalty = 1.5f, .logit_bias = {{0, -100.0f}, {1, -100.0f}}}, prompt);
+  EXPECT_EQ(neg.Sample(logits).token, 2);
+}
+
+TEST(SamplerTest, LogprobsAreRawLogSoftmaxWithTopAlternatives) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f};
+  // Greedy with a bias that makes token 0 win: its logprob is still the raw one.
+  Sampler s({.logit_bias = {{0, 10.0f}}, .logprobs = 3});
+  const SampledToken t = s.Sample(logits);
+  ASSERT_EQ(t.token, 0);
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  EXPECT_NEAR(t.logprob, 1.0 - std::log(z), 1e-5);
+  ASSERT_EQ(t.top.size(), 3u);
+  EXPECT_EQ(t.top[0].token, 1);  // ties: lower id first
+  EXPECT_EQ(t.top[1].token, 3);
+  EXPECT_EQ(t.top[2].token, 2);
+  EXPECT_NEAR(t.top[0].logprob, 3.0 - std::log(z), 1e-5);
+  EXPECT_NEAR(t.top[2].logprob, 2.0 - std::log(z), 1e-5);
+  // logprobs = 0: the chosen token's value only; -1 (default): nothing.
+  Sampler zero({.logprobs = 0});
+  const SampledToken z0 = zero.Sample(logits);
+  EXPECT_TRUE(z0.top.empty());
+  EXPECT_NEAR(z0.logprob, 3.0 - std::log(z), 1e-5);
+  Sampler none({});
+  EXPECT_EQ(none.Sample(logits).logprob, 0.0f);
+}
+
+TEST(SamplerTest, ValidateChecksTheAdjustments) {
+  EXPECT_FALSE(SamplingParams{.presence_penalty = 2.5f}.Validate().ok());
+  EXPECT_FALSE(SamplingParams{.repetition_penalty = 0.0f}.Validate().ok());
+  EXPECT_FALSE((SamplingParams{.logit_bias = {{1, 101.0f}}}.Validate().ok()));
+  EXPECT_FALSE((SamplingParams{.logit_bias = {{1, 1.0f}, {1, 2.0f}}}.Validate().ok()));
+  EXPECT_FALSE(SamplingParams{.min_tokens = -1}.Validate().ok());
+  EXPECT_FALSE(SamplingParams{.logprobs = 21}.Validate().ok());
+  EXPECT_FALSE(SamplingParams{.stop_token_ids = {7}}.ValidateTokens(5).ok());
+  EXPECT_FALSE((SamplingParams{.logit_bias = {{-1, 1.0f}}}.ValidateTokens(5).ok()));
+  EXPECT_TRUE(
+      (SamplingParams{.logit_bias = {{4, 1.0f}}, .stop_token_ids = {0}}.ValidateTokens(5).ok()));
 }
 
 }  // namespace

@@ -1,12 +1,18 @@
-// The sampling settings of one request, apart from the sampler so that code which only carries
-// them (the HTTP front door, the conductor, the worker protocol) does not pull in the engine.
+// The sampling settings of one request, and what one draw yields, apart from the sampler so that
+// code which only carries them (the HTTP front door, the conductor, the worker protocol) does not
+// pull in the engine.
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 
 namespace tandem::engine {
+
+// Most alternatives a draw reports with its log-probability (OpenAI's top_logprobs limit).
+inline constexpr int kMaxLogprobs = 20;
 
 struct SamplingParams {
   float temperature = 0.0f;
@@ -15,8 +21,47 @@ struct SamplingParams {
   float min_p = 0.0f;  // 0: off
   uint64_t seed = 0;
 
+  // Logit adjustments, applied before the filters above (and before greedy's argmax), in this
+  // order: logit_bias, the min_tokens mask, the penalties.
+  // OpenAI's penalties, over the tokens generated so far (not the prompt): a token that appeared
+  // loses presence_penalty once and frequency_penalty per occurrence. In [-2, 2]; 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // vLLM's (CTRL's) repetition penalty over the prompt and the generated tokens: a positive
+  // logit is divided by it, a negative one multiplied. In (0, 10]; 1: off.
+  float repetition_penalty = 1.0f;
+  // (token id, bias added to its logit), bias in [-100, 100]; ids unique.
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
+  // End-of-generation tokens (the model's and stop_token_ids) are impossible before this many
+  // tokens were generated.
+  int min_tokens = 0;
+  // Tokens that end the generation when drawn (besides the model's end-of-generation tokens,
+  // and also under ignore_eos); the token is part of the output.
+  std::vector<int32_t> stop_token_ids = {};
+  // -1: no log-probabilities. 0..kMaxLogprobs: each draw reports the drawn token's
+  // log-probability and that many most likely alternatives. Values are log-softmax of the raw
+  // logits: before bias, penalties and temperature (vLLM's default, "raw logprobs").
+  int logprobs = -1;
+
   // InvalidArgument naming the bad field (negative temperature, top_p outside (0, 1], ...).
+  // Token ids are checked against the vocabulary by ValidateTokens.
   Status Validate() const;
+  // InvalidArgument when a logit_bias or stop_token_ids id is outside [0, vocab_size).
+  Status ValidateTokens(int vocab_size) const;
+  // Whether any logit adjustment is on (the sampler then copies the logits before adjusting).
+  bool AdjustsLogits() const;
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
+// One drawn token. logprob and top are filled only when SamplingParams::logprobs >= 0.
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top = {};  // the most likely tokens, descending (lowest id on ties)
 };
 
 }  // namespace tandem::engine

@@ -504,6 +504,14 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids) const {
   return out;
 }
 
+std::vector<int32_t> Tokenizer::EndOfGenerationIds() const {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (IsEndOfGeneration(id)) ids.push_back(id);
+  }
+  return ids;
+}
+
 std::string StreamDecoder::Push(int32_t id) {
   pending_ += tokenizer_->TokenToPiece(id);
   std::string out;

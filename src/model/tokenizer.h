@@ -71,6 +71,8 @@ class Tokenizer {
   // End-of-generation tokens as llama.cpp's is_eog (EOS, <|im_end|>, <|endoftext|>,
   // <end_of_turn>, ...).
   virtual bool IsEndOfGeneration(int32_t id) const = 0;
+  // Every id for which IsEndOfGeneration holds, ascending (a scan of the vocabulary).
+  std::vector<int32_t> EndOfGenerationIds() const;
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
   virtual int32_t vocab_size() const = 0;

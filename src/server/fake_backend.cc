@@ -173,12 +173,12 @@ void FakeBackend::Loop() {
         MutexLock g(&mu_);
         ++generated_;
       }
-      if (!s.sink->OnToken(token)) {
+      if (!s.sink->OnToken(engine::SampledToken{token})) {
         Finish(s, FinishReason::kCancelled);
         continue;
       }
       const bool eog = std::find(eog_.begin(), eog_.end(), token) != eog_.end();
-      if (eog && !s.request.ignore_eos) {
+      if (serving::EndsGeneration(s.request, token, eog)) {
         Finish(s, FinishReason::kStop);
         continue;
       }

@@ -10,10 +10,12 @@
 #include "common/http.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "server/choices.h"
 #include "server/http_util.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/request_sink.h"
+#include "server/tokenize.h"
 
 namespace tandem::server {
 namespace {
@@ -44,6 +46,7 @@ class HttpServer::Impl {
         metrics_(std::make_shared<ServerMetrics>()),
         created_(static_cast<int64_t>(std::time(nullptr))) {
     limits_.served_model_name = options_.served_model_name;
+    limits_.aliases = options_.model_aliases;
     limits_.max_model_len = options_.max_model_len;
     SetUpRoutes();
   }
@@ -115,10 +118,9 @@ class HttpServer::Impl {
 
   void SetUpRoutes();
   void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void RespondWhole(const std::shared_ptr<RequestSink>& sink, const ResponseContext& ctx,
-                    Clock::time_point deadline, httplib::Response& res);
-  void RespondStream(std::shared_ptr<RequestSink> sink, ResponseContext ctx,
-                     std::shared_ptr<Inflight> inflight, httplib::Response& res);
+  void RespondWhole(ChoiceSet& choices, Clock::time_point deadline, httplib::Response& res);
+  void RespondStream(std::shared_ptr<ChoiceSet> choices, std::shared_ptr<Inflight> inflight,
+                     httplib::Response& res);
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
   void StatusLoop() TANDEM_EXCLUDES(status_mu_);
   void SignalStatusStop() TANDEM_EXCLUDES(status_mu_);
@@ -158,8 +160,28 @@ void HttpServer::Impl::SetUpRoutes() {
   http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleGenerate(Endpoint::kCompletions, req, res);
   });
+  // vLLM's tokenizer endpoints (server/tokenize.h).
+  auto tokenizer_route = [this](bool tokenize) {
+    return [this, tokenize](const httplib::Request& req, httplib::Response& res) {
+      std::string body;
+      const std::optional<ApiError> e =
+          tokenize ? Tokenize(req.body, limits_, *model_.tokenizer, model_.chat_template,
+                              model_.chat_template_error, &body)
+                   : Detokenize(req.body, limits_, *model_.tokenizer, &body);
+      if (e) {
+        metrics_->CountOutcome(Outcome::kBadRequest);
+        SendError(res, *e);
+      } else {
+        res.set_content(body, kJson);
+      }
+    };
+  };
+  http_.Post("/tokenize", tokenizer_route(true));
+  http_.Post("/detokenize", tokenizer_route(false));
   http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(ModelsBody(options_.served_model_name, created_), kJson);
+    std::vector<std::string> names = {options_.served_model_name};
+    names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
+    res.set_content(ModelsBody(names, created_), kJson);
   });
   http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (draining_.load()) {
@@ -176,29 +198,31 @@ void HttpServer::Impl::SetUpRoutes() {
 
   // Errors httplib raises itself (unknown route, body too large, unreadable request) get an
   // OpenAI-shaped body; responses our handlers already filled are left alone.
-  http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                      httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.status = res.status;
-    const bool known = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
-                       req.path == "/v1/models" || req.path == "/health" || req.path == "/metrics";
-    if (res.status == 404 && known) {
-      e.status = 405;
-      e.message = "method " + req.method + " is not allowed for " + req.path;
-    } else if (res.status == 404) {
-      e.message = "no route for " + req.method + " " + req.path;
-      e.code = "not_found";
-    } else if (res.status == 413) {
-      e.message = "the request body is larger than the limit of " +
-                  std::to_string(options_.max_body_bytes) + " bytes";
-    } else {
-      e.message = "the request could not be handled (HTTP " + std::to_string(res.status) + ")";
-    }
-    if (e.status == 413 || e.status == 400) metrics_->CountOutcome(Outcome::kBadRequest);
-    SendError(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  http_.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e;
+        e.status = res.status;
+        const bool known = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
+                           req.path == "/v1/models" || req.path == "/health" ||
+                           req.path == "/metrics" || req.path == "/tokenize" ||
+                           req.path == "/detokenize";
+        if (res.status == 404 && known) {
+          e.status = 405;
+          e.message = "method " + req.method + " is not allowed for " + req.path;
+        } else if (res.status == 404) {
+          e.message = "no route for " + req.method + " " + req.path;
+          e.code = "not_found";
+        } else if (res.status == 413) {
+          e.message = "the request body is larger than the limit of " +
+                      std::to_string(options_.max_body_bytes) + " bytes";
+        } else {
+          e.message = "the request could not be handled (HTTP " + std::to_string(res.status) + ")";
+        }
+        if (e.status == 413 || e.status == 400) metrics_->CountOutcome(Outcome::kBadRequest);
+        SendError(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   http_.set_exception_handler(
       [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown exception";
@@ -215,7 +239,9 @@ void HttpServer::Impl::SetUpRoutes() {
 
 httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
                                                             httplib::Response& res) {
-  if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+  const bool protected_path =
+      req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+  if (!protected_path) return httplib::Server::HandlerResponse::Unhandled;
   if (!options_.api_key.empty()) {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
@@ -242,12 +268,23 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
   auto inflight = std::make_shared<Inflight>(this);
   const Clock::time_point arrival = Clock::now();
   ParsedRequest parsed;
-  std::vector<int32_t> prompt;
-  int max_tokens = 0;
   std::optional<ApiError> error = ParseRequest(endpoint, req.body, limits_, &parsed);
-  if (!error) {
+  // One prompt for chat; one or more for completions.
+  const size_t n_prompts = endpoint == Endpoint::kChatCompletions ? 1 : parsed.prompts.size();
+  std::vector<std::vector<int32_t>> prompts(error ? 0 : n_prompts);
+  std::vector<int> max_tokens(prompts.size(), 0);
+  for (size_t p = 0; p < prompts.size() && !error; ++p) {
     error = BuildPrompt(parsed, *model_.tokenizer, model_.chat_template, model_.chat_template_error,
-                        options_.max_model_len, &prompt, &max_tokens);
+                        options_.max_model_len, &prompts[p], &max_tokens[p], p);
+  }
+  if (!error) {
+    if (Status st = parsed.sampling.ValidateTokens(model_.tokenizer->vocab_size()); !st.ok()) {
+      error = ApiError::BadRequest(st.message());
+    } else if (parsed.echo && parsed.sampling.logprobs >= 0) {
+      error = ApiError::BadRequest(
+          "'echo' together with 'logprobs' (prompt logprobs) is not supported by this server",
+          "echo");
+    }
   }
   if (error) {
     metrics_->CountOutcome(Outcome::kBadRequest);
@@ -256,46 +293,70 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
     return;
   }
 
-  serving::GenerationRequest g;
-  g.id = NewRequestId(endpoint);
-  g.prompt_tokens = std::move(prompt);
-  g.max_tokens = max_tokens;
-  g.sampling = parsed.sampling;
-  g.ignore_eos = parsed.ignore_eos;
-  g.slo_ttft_seconds = parsed.slo_ttft_ms / 1000.0;
-  g.slo_tbt_seconds = parsed.slo_tbt_ms / 1000.0;
-  g.arrival = arrival;
+  const std::string id = NewRequestId(endpoint);
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.request_timeout_s));
-  g.deadline = arrival + timeout;
-
-  ResponseContext ctx{endpoint, g.id, static_cast<int64_t>(std::time(nullptr)), parsed.model,
-                      parsed.include_usage};
-  auto on_finish = [metrics = metrics_, log = log_, id = g.id](const serving::FinishInfo& info) {
-    metrics->CountOutcome(OutcomeOf(info.reason));
-    metrics->RecordFinished(info);
-    std::string breakdown;  // disaggregated requests: where the TTFT went
-    if (info.prefill_seconds >= 0) {
-      breakdown = fmt::format(" prefill={:.3f}s kv_transfer={:.4f}s first_decode={:.4f}s",
-                              info.prefill_seconds, std::max(0.0, info.kv_transfer_seconds),
-                              std::max(0.0, info.first_decode_seconds));
+  const Clock::time_point deadline = arrival + timeout;
+  const int total = static_cast<int>(prompts.size()) * parsed.n;
+  auto doorbell = total > 1 ? std::make_shared<Doorbell>() : nullptr;
+  std::vector<ChoiceRun> runs;
+  runs.reserve(total);
+  for (int index = 0; index < total; ++index) {
+    const int p = index / parsed.n;
+    ChoiceRun run;
+    run.index = index;
+    run.prompt = p;
+    serving::GenerationRequest& g = run.request;
+    g.id = total == 1 ? id : id + "-" + std::to_string(index);
+    g.prompt_tokens = prompts[p];
+    g.max_tokens = max_tokens[p];
+    g.sampling = parsed.sampling;
+    g.sampling.seed += static_cast<uint64_t>(index % parsed.n);
+    g.ignore_eos = parsed.ignore_eos;
+    g.slo_ttft_seconds = parsed.slo_ttft_ms / 1000.0;
+    g.slo_tbt_seconds = parsed.slo_tbt_ms / 1000.0;
+    g.arrival = arrival;
+    g.deadline = deadline;
+    if (parsed.echo) {
+      const CompletionPrompt& cp = parsed.prompts[p];
+      run.echo = cp.token_ids.empty() ? cp.text : model_.tokenizer->Decode(cp.token_ids);
     }
-    log->info(
-        "{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
-        "ttft={:.3f}s{} total={:.3f}s{}{}",
-        id, serving::FinishReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
-        info.completion_tokens, info.queue_seconds, info.ttft_seconds, breakdown,
-        info.total_seconds, info.message.empty() ? "" : " message=", info.message);
-  };
-  auto sink = std::make_shared<RequestSink>(model_.tokenizer, parsed.stop, parsed.ignore_eos,
-                                            std::move(on_finish));
-  const Clock::time_point deadline = g.deadline;
-  const Status st = backend_->Submit(std::move(g), sink);
+    auto on_finish = [metrics = metrics_, log = log_, id = g.id](const serving::FinishInfo& info) {
+      metrics->CountOutcome(OutcomeOf(info.reason));
+      metrics->RecordFinished(info);
+      std::string breakdown;  // disaggregated requests: where the TTFT went
+      if (info.prefill_seconds >= 0) {
+        breakdown = fmt::format(" prefill={:.3f}s kv_transfer={:.4f}s first_decode={:.4f}s",
+                                info.prefill_seconds, std::max(0.0, info.kv_transfer_seconds),
+                                std::max(0.0, info.first_decode_seconds));
+      }
+      log->info(
+          "{} finish={} prompt_tokens={} cached_tokens={} output_tokens={} queue={:.3f}s "
+          "ttft={:.3f}s{} total={:.3f}s{}{}",
+          id, serving::FinishReasonName(info.reason), info.prompt_tokens, info.cached_prompt_tokens,
+          info.completion_tokens, info.queue_seconds, info.ttft_seconds, breakdown,
+          info.total_seconds, info.message.empty() ? "" : " message=", info.message);
+    };
+    RequestSink::Extras extras{parsed.sampling.stop_token_ids, parsed.sampling.logprobs >= 0,
+                               doorbell};
+    run.sink = std::make_shared<RequestSink>(model_.tokenizer, parsed.stop, parsed.ignore_eos,
+                                             std::move(on_finish), std::move(extras));
+    runs.push_back(std::move(run));
+  }
+
+  ResponseContext ctx{endpoint,
+                      id,
+                      static_cast<int64_t>(std::time(nullptr)),
+                      parsed.model,
+                      parsed.include_usage,
+                      parsed.sampling.logprobs >= 0};
+  auto choices = std::make_shared<ChoiceSet>(ctx, std::move(runs), parsed.n, doorbell);
+  const Status st = choices->Submit(backend_, deadline);
   if (!st.ok()) {
     Outcome outcome = Outcome::kError;
     const ApiError e = SubmitError(st, &outcome);
     metrics_->CountOutcome(outcome);
-    log_->info("{} rejected: {}", ctx.id, st.ToString());
+    log_->info("{} rejected: {}", id, st.ToString());
     if (e.status == 429) {
       res.set_header("Retry-After", std::to_string(std::max(1, backend_->RetryAfterSeconds())));
     }
@@ -303,91 +364,50 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
     return;
   }
   if (parsed.stream) {
-    RespondStream(std::move(sink), std::move(ctx), std::move(inflight), res);
+    RespondStream(std::move(choices), std::move(inflight), res);
   } else {
-    RespondWhole(sink, ctx, deadline, res);
+    RespondWhole(*choices, deadline, res);
   }
 }
 
-void HttpServer::Impl::RespondWhole(const std::shared_ptr<RequestSink>& sink,
-                                    const ResponseContext& ctx, Clock::time_point deadline,
+void HttpServer::Impl::RespondWhole(ChoiceSet& choices, Clock::time_point deadline,
                                     httplib::Response& res) {
-  std::string text;
-  const Clock::time_point give_up = deadline + kDeadlineGrace;
-  while (true) {
-    RequestSink::Taken t =
-        sink->Wait(std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
-    text += t.text;
-    if (t.finished) {
-      const serving::FinishInfo& info = t.info;
-      if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
-        res.set_content(
-            CompletionBody(ctx, text, serving::FinishReasonName(info.reason),
-                           {info.prompt_tokens, info.completion_tokens, info.cached_prompt_tokens}),
-            kJson);
-      } else {
-        SendError(res, FailureError(info, options_.request_timeout_s));
-      }
-      return;
-    }
-    if (Clock::now() >= give_up) {
-      // The backend should have timed the request out itself; stop waiting for it.
-      sink->MarkClientGone();
-      serving::FinishInfo info;
-      info.reason = FinishReason::kTimeout;
-      SendError(res, FailureError(info, options_.request_timeout_s));
-      return;
-    }
+  ChoiceSet::Whole whole =
+      choices.CollectWhole(deadline + kDeadlineGrace, options_.request_timeout_s);
+  if (whole.error) {
+    choices.CancelAll();
+    SendError(res, *whole.error);
+  } else {
+    res.set_content(whole.body, kJson);
   }
 }
 
-void HttpServer::Impl::RespondStream(std::shared_ptr<RequestSink> sink, ResponseContext ctx,
+void HttpServer::Impl::RespondStream(std::shared_ptr<ChoiceSet> choices,
                                      std::shared_ptr<Inflight> inflight, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   struct Writer {
-    std::shared_ptr<RequestSink> sink;
-    ResponseContext ctx;
+    std::shared_ptr<ChoiceSet> choices;
     std::shared_ptr<Inflight> inflight;  // released when httplib drops the provider
     double timeout_s;
-    bool started = false;
   };
   auto w = std::make_shared<Writer>(
-      Writer{sink, std::move(ctx), std::move(inflight), options_.request_timeout_s});
+      Writer{std::move(choices), std::move(inflight), options_.request_timeout_s});
   res.set_chunked_content_provider(
       "text/event-stream",
       [w](size_t /*offset*/, httplib::DataSink& out) {
         auto send = [&](const std::string& data) {
           if (out.write(data.data(), data.size())) return true;
-          w->sink->MarkClientGone();
+          w->choices->CancelAll();
           return false;
         };
-        if (!w->started) {
-          w->started = true;
-          if (w->ctx.endpoint == Endpoint::kChatCompletions)
-            return send(SseEvent(ChatRoleChunk(w->ctx)));
-        }
-        RequestSink::Taken t = w->sink->Wait(kStreamPoll);
-        if (!t.text.empty() && !send(SseEvent(TextChunk(w->ctx, t.text)))) return false;
-        if (!t.finished) return true;
-        const serving::FinishInfo& info = t.info;
-        if (info.reason == FinishReason::kStop || info.reason == FinishReason::kLength) {
-          if (!send(SseEvent(FinishChunk(w->ctx, serving::FinishReasonName(info.reason)))))
-            return false;
-        } else if (!send(SseEvent(ApiErrorJson(FailureError(info, w->timeout_s))))) {
-          return false;
-        }
-        if (w->ctx.include_usage &&
-            !send(SseEvent(UsageChunk(w->ctx, {info.prompt_tokens, info.completion_tokens,
-                                               info.cached_prompt_tokens})))) {
-          return false;
-        }
-        if (!send(kSseDone)) return false;
-        out.done();
+        bool finished = false;
+        if (!w->choices->StreamStep(send, kStreamPoll, w->timeout_s, &finished)) return false;
+        if (finished) out.done();
         return true;
       },
       [w](bool success) {
-        if (!success) w->sink->MarkClientGone();
+        if (!success) w->choices->CancelAll();
       });
 }
 

@@ -39,11 +39,12 @@ struct ServerOptions {
   int port = 8000;      // 0: any free port (see HttpServer::port())
   std::string api_key;  // empty: no authentication
   std::string served_model_name = "model";
-  int max_model_len = 2048;          // tokens, prompt + completion
-  double request_timeout_s = 600;    // arrival to finish; then the request fails (timeout)
-  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
-  int http_threads = 64;             // connections served at once (each holds a thread)
-  double status_interval_s = 10;     // the periodic status line; <= 0: none
+  std::vector<std::string> model_aliases;  // further names clients may use for the model
+  int max_model_len = 2048;                // tokens, prompt + completion
+  double request_timeout_s = 600;          // arrival to finish; then the request fails (timeout)
+  size_t max_body_bytes = 8u << 20;        // larger bodies get 413
+  int http_threads = 64;                   // connections served at once (each holds a thread)
+  double status_interval_s = 10;           // the periodic status line; <= 0: none
 };
 
 struct ModelInfo {

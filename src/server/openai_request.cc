@@ -1,9 +1,12 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace tandem::server {
 namespace {
@@ -187,60 +190,159 @@ std::optional<ApiError> ParseTokenIds(const json& arr, std::vector<int32_t>* out
   return std::nullopt;
 }
 
-std::optional<ApiError> ParsePrompt(const json& body, ParsedRequest* out) {
+// A string, an array of token ids, or an array of several of either (one prompt each).
+std::optional<ApiError> ParsePrompt(const json& body, int max_prompts, ParsedRequest* out) {
   const json* v = Field(body, "prompt");
   if (v == nullptr) return ApiError::BadRequest("'prompt' is required", "prompt");
-  const char* kExpected = "a string, an array of token ids, or an array with one of those";
+  const char* kExpected =
+      "a string, an array of token ids, or an array of strings or of token-id arrays";
   if (v->is_string()) {
-    out->prompt = v->get<std::string>();
+    out->prompts.push_back({v->get<std::string>(), {}});
     return std::nullopt;
   }
   if (!v->is_array()) return WrongType("prompt", kExpected, *v);
   if (v->empty()) return ApiError::BadRequest("'prompt' must not be empty", "prompt");
   const json& first = (*v)[0];
-  if (first.is_string() || first.is_array()) {
-    if (v->size() > 1) return Unsupported("prompt", "more than one prompt per request");
-    if (first.is_string()) {
-      out->prompt = first.get<std::string>();
-      return std::nullopt;
-    }
-    if (first.empty()) return ApiError::BadRequest("'prompt' must not be empty", "prompt");
-    return ParseTokenIds(first, &out->prompt_token_ids);
+  if (first.is_number()) {
+    out->prompts.emplace_back();
+    return ParseTokenIds(*v, &out->prompts.back().token_ids);
   }
-  if (first.is_number()) return ParseTokenIds(*v, &out->prompt_token_ids);
-  return WrongType("prompt", kExpected, *v);
+  if (static_cast<int>(v->size()) > max_prompts) {
+    return ApiError::BadRequest("'prompt' may hold at most " + std::to_string(max_prompts) +
+                                    " prompts, got " + std::to_string(v->size()),
+                                "prompt");
+  }
+  for (const json& p : *v) {
+    out->prompts.emplace_back();
+    if (p.is_string()) {
+      out->prompts.back().text = p.get<std::string>();
+    } else if (p.is_array()) {
+      if (p.empty()) return ApiError::BadRequest("'prompt' must not be empty", "prompt");
+      if (auto e = ParseTokenIds(p, &out->prompts.back().token_ids)) return e;
+    } else {
+      return WrongType("prompt", kExpected, p);
+    }
+  }
+  return std::nullopt;
+}
+
+// OpenAI's {"<token id>": bias} map.
+std::optional<ApiError> ParseLogitBias(const json& body, engine::SamplingParams* out) {
+  const json* v = Field(body, "logit_bias");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_object()) return WrongType("logit_bias", "an object", *v);
+  if (v->size() > 1024) {
+    return ApiError::BadRequest("'logit_bias' may name at most 1024 tokens", "logit_bias");
+  }
+  for (const auto& [key, value] : v->items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX) {
+      return ApiError::BadRequest(
+          "'logit_bias' keys must be token ids (non-negative integers), got '" + key + "'",
+          "logit_bias");
+    }
+    if (!value.is_number()) return WrongType("logit_bias." + key, "a number", value);
+    const double bias = value.get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      return ApiError::BadRequest("'logit_bias' values must be between -100 and 100, got " +
+                                      value.dump() + " for token " + key,
+                                  "logit_bias");
+    }
+    out->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStopTokenIds(const json& body, engine::SamplingParams* out) {
+  const json* v = Field(body, "stop_token_ids");
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_array()) return WrongType("stop_token_ids", "an array of token ids", *v);
+  if (v->size() > 1024) {
+    return ApiError::BadRequest("'stop_token_ids' may hold at most 1024 ids", "stop_token_ids");
+  }
+  for (const json& t : *v) {
+    const bool ok = t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() <= INT32_MAX;
+    if (!ok) {
+      return ApiError::BadRequest("'stop_token_ids' must hold non-negative integers",
+                                  "stop_token_ids");
+    }
+    out->stop_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// Chat: logprobs (boolean) and top_logprobs (0..20, only with logprobs); completions: logprobs
+// (0..20). Sets sampling.logprobs (-1: none).
+std::optional<ApiError> ParseLogprobs(const json& body, Endpoint endpoint,
+                                      engine::SamplingParams* out) {
+  const int64_t most = engine::kMaxLogprobs;
+  if (endpoint == Endpoint::kChatCompletions) {
+    bool logprobs = false;
+    if (auto e = GetBool(body, "logprobs", &logprobs)) return e;
+    std::optional<int64_t> top;
+    if (auto e = GetInt(body, "top_logprobs", 0, most, &top)) return e;
+    if (top && !logprobs) {
+      return ApiError::BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    }
+    out->logprobs = logprobs ? static_cast<int>(top.value_or(0)) : -1;
+    return std::nullopt;
+  }
+  const json* v = Field(body, "logprobs");
+  if (v != nullptr && v->is_boolean()) {  // some clients send false for "none"
+    if (v->get<bool>()) return WrongType("logprobs", "an integer", *v);
+    return std::nullopt;
+  }
+  std::optional<int64_t> n;
+  if (auto e = GetInt(body, "logprobs", 0, most, &n)) return e;
+  if (n) out->logprobs = static_cast<int>(*n);
+  return std::nullopt;
+}
+
+// Penalties, logit_bias, min_tokens, stop_token_ids, logprobs; n, best_of, echo.
+std::optional<ApiError> ParseOutputControls(const json& body, Endpoint endpoint,
+                                            const ProtocolLimits& limits, ParsedRequest* out) {
+  engine::SamplingParams& s = out->sampling;
+  for (auto [key, target] : {std::pair{"presence_penalty", &s.presence_penalty},
+                             std::pair{"frequency_penalty", &s.frequency_penalty}}) {
+    std::optional<double> d;
+    if (auto e = GetNumber(body, key, -2.0, 2.0, &d)) return e;
+    if (d) *target = static_cast<float>(*d);
+  }
+  std::optional<double> rep;
+  if (auto e = GetNumber(body, "repetition_penalty", 0.0, 10.0, &rep)) return e;
+  if (rep) {
+    if (*rep <= 0.0) {
+      return ApiError::BadRequest("'repetition_penalty' must be greater than 0",
+                                  "repetition_penalty");
+    }
+    s.repetition_penalty = static_cast<float>(*rep);
+  }
+  if (auto e = ParseLogitBias(body, &s)) return e;
+  std::optional<int64_t> i;
+  if (auto e = GetInt(body, "min_tokens", 0, limits.max_model_len, &i)) return e;
+  if (i) s.min_tokens = static_cast<int>(*i);
+  if (auto e = ParseStopTokenIds(body, &s)) return e;
+  if (auto e = ParseLogprobs(body, endpoint, &s)) return e;
+  i.reset();
+  if (auto e = GetInt(body, "n", 1, limits.max_n, &i)) return e;
+  if (i) out->n = static_cast<int>(*i);
+  i.reset();
+  if (auto e = GetInt(body, "best_of", 1, std::numeric_limits<int>::max(), &i)) return e;
+  if (i && *i != out->n) return Unsupported("best_of", "best_of other than n");
+  if (endpoint == Endpoint::kCompletions) {
+    if (auto e = GetBool(body, "echo", &out->echo)) return e;
+  }
+  return std::nullopt;
+}
+
+uint64_t RandomSeed() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
 }
 
 // Features we do not implement: refused unless absent, null or at their neutral value.
 std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
-  std::optional<int64_t> n;
-  if (auto e = GetInt(body, "n", 1, std::numeric_limits<int>::max(), &n)) return e;
-  if (n && *n != 1) return Unsupported("n", "n > 1 (one choice per request)");
-  if (auto e = GetInt(body, "best_of", 1, std::numeric_limits<int>::max(), &n)) return e;
-  if (n && *n != 1) return Unsupported("best_of", "best_of > 1");
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    std::optional<double> d;
-    if (auto e = GetNumber(body, key, -2.0, 2.0, &d)) return e;
-    if (d && *d != 0.0) return Unsupported(key, "a non-zero penalty");
-  }
-  std::optional<double> rep;
-  if (auto e = GetNumber(body, "repetition_penalty", 0.0, 10.0, &rep)) return e;
-  if (rep && *rep != 1.0)
-    return Unsupported("repetition_penalty", "a repetition penalty other than 1");
-  if (const json* v = Field(body, "logprobs")) {
-    if (!(v->is_boolean() && !v->get<bool>())) return Unsupported("logprobs", "logprobs");
-  }
-  if (const json* v = Field(body, "top_logprobs")) {
-    if (!(v->is_number_integer() && v->get<int64_t>() == 0))
-      return Unsupported("top_logprobs", "top_logprobs");
-  }
-  bool echo = false;
-  if (auto e = GetBool(body, "echo", &echo)) return e;
-  if (echo) return Unsupported("echo", "echo");
-  if (const json* v = Field(body, "logit_bias")) {
-    if (!v->is_object()) return WrongType("logit_bias", "an object", *v);
-    if (!v->empty()) return Unsupported("logit_bias", "logit_bias");
-  }
   for (const char* key : {"tools", "functions"}) {
     if (const json* v = Field(body, key)) {
       if (!v->is_array()) return WrongType(key, "an array", *v);
@@ -283,24 +385,39 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
   try {
     if (const json* m = Field(body, "model")) {
       if (!m->is_string()) return WrongType("model", "a string", *m);
-      if (m->get<std::string>() != limits.served_model_name) {
+      const std::string& name = m->get_ref<const std::string&>();
+      if (name != limits.served_model_name &&
+          std::find(limits.aliases.begin(), limits.aliases.end(), name) == limits.aliases.end()) {
         ApiError e;
         e.status = 404;
-        e.message = "The model '" + m->get<std::string>() +
-                    "' does not exist; this server serves '" + limits.served_model_name + "'.";
+        e.message = "The model '" + name + "' does not exist; this server serves '" +
+                    limits.served_model_name + "'.";
         e.param = "model";
         e.code = "model_not_found";
         return e;
       }
     }
-    out->model = limits.served_model_name;
+    // Responses carry the name the client used (one of the served names), else the main one.
+    if (const json* m = Field(body, "model")) {
+      out->model = m->get<std::string>();
+    } else {
+      out->model = limits.served_model_name;
+    }
 
     if (endpoint == Endpoint::kChatCompletions) {
       if (auto e = ParseMessages(body, &out->messages)) return e;
     } else {
-      if (auto e = ParsePrompt(body, out)) return e;
+      if (auto e = ParsePrompt(body, limits.max_prompts, out)) return e;
     }
     if (auto e = RejectUnsupported(body, endpoint)) return e;
+    if (auto e = ParseOutputControls(body, endpoint, limits, out)) return e;
+    const int64_t choices = int64_t{out->n} * std::max<int64_t>(1, out->prompts.size());
+    if (choices > kMaxChoicesPerRequest) {
+      return ApiError::BadRequest("n times the number of prompts may be at most " +
+                                      std::to_string(kMaxChoicesPerRequest) + ", got " +
+                                      std::to_string(choices),
+                                  "n");
+    }
 
     std::optional<int64_t> max_tokens;
     std::optional<int64_t> max_completion_tokens;
@@ -336,6 +453,9 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
       if (!seed->is_number_integer()) return WrongType("seed", "an integer", *seed);
       out->sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
                                                       : static_cast<uint64_t>(seed->get<int64_t>());
+      out->seeded = true;
+    } else {
+      out->sampling.seed = RandomSeed();  // unseeded requests differ, as OpenAI's do
     }
     if (auto e = ParseStop(body, &out->stop)) return e;
     if (auto e = GetBool(body, "stream", &out->stream)) return e;
@@ -373,7 +493,8 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
 std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::Tokenizer& tokenizer,
                                     const model::ChatTemplate* chat_template,
                                     const std::string& no_template_reason, int max_model_len,
-                                    std::vector<int32_t>* prompt_tokens, int* max_tokens) {
+                                    std::vector<int32_t>* prompt_tokens, int* max_tokens,
+                                    size_t prompt_index) {
   prompt_tokens->clear();
   if (request.endpoint == Endpoint::kChatCompletions) {
     if (chat_template == nullptr) {
@@ -384,9 +505,11 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
     }
     const std::string text = chat_template->Apply(request.messages, /*add_generation_prompt=*/true);
     *prompt_tokens = tokenizer.Encode(text, tokenizer.add_bos(), /*parse_special=*/true);
-  } else if (!request.prompt_token_ids.empty()) {
+  } else if (prompt_index >= request.prompts.size()) {
+    return ApiError::BadRequest("'prompt' is required", "prompt");
+  } else if (const CompletionPrompt& p = request.prompts[prompt_index]; !p.token_ids.empty()) {
     const int32_t vocab = tokenizer.vocab_size();
-    for (int32_t id : request.prompt_token_ids) {
+    for (int32_t id : p.token_ids) {
       if (id < 0 || id >= vocab) {
         return ApiError::BadRequest("'prompt' token id " + std::to_string(id) +
                                         " is outside the vocabulary (size " +
@@ -394,9 +517,9 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
                                     "prompt");
       }
     }
-    *prompt_tokens = request.prompt_token_ids;
+    *prompt_tokens = p.token_ids;
   } else {
-    *prompt_tokens = tokenizer.Encode(request.prompt, tokenizer.add_bos(), /*parse_special=*/false);
+    *prompt_tokens = tokenizer.Encode(p.text, tokenizer.add_bos(), /*parse_special=*/false);
   }
   const char* what = request.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
   if (prompt_tokens->empty()) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,12 @@
 namespace tandem::server {
 namespace {
 
-ProtocolLimits Limits() { return {"smol", 100}; }
+ProtocolLimits Limits() {
+  ProtocolLimits limits;
+  limits.served_model_name = "smol";
+  limits.max_model_len = 100;
+  return limits;
+}
 
 struct BadCase {
   Endpoint endpoint;
@@ -92,7 +98,7 @@ const std::vector<BadCase>& BadCases() {
       {kChat, Chat(R"(,"top_k":-2)"), 400, "'top_k' must be between", "top_k"},
       {kChat, Chat(R"(,"min_p":2)"), 400, "'min_p' must be between", "min_p"},
       {kChat, Chat(R"(,"seed":"abc")"), 400, "'seed' must be an integer", "seed"},
-      {kChat, Chat(R"(,"n":2)"), 400, "n > 1", "n"},
+      {kChat, Chat(R"(,"n":17)"), 400, "'n' must be between 1 and 16", "n"},
       {kChat, Chat(R"(,"n":0)"), 400, "'n' must be between 1", "n"},
       {kChat, Chat(R"(,"stop":5)"), 400, "'stop' must be a string or an array of strings", "stop"},
       {kChat, Chat(R"(,"stop":["a","b","c","d","e"])"), 400, "at most 4", "stop"},
@@ -104,11 +110,18 @@ const std::vector<BadCase>& BadCases() {
        "must be a boolean", "stream_options.include_usage"},
       {kChat, Chat(R"(,"stream":true,"stream_options":[])"), 400, "must be an object",
        "stream_options"},
-      {kChat, Chat(R"(,"logprobs":true)"), 400, "not supported", "logprobs"},
-      {kChat, Chat(R"(,"presence_penalty":0.5)"), 400, "not supported", "presence_penalty"},
+      {kChat, Chat(R"(,"logprobs":1)"), 400, "'logprobs' must be a boolean", "logprobs"},
+      {kChat, Chat(R"(,"top_logprobs":2)"), 400, "needs 'logprobs'", "top_logprobs"},
+      {kChat, Chat(R"(,"logprobs":true,"top_logprobs":21)"), 400, "between 0 and 20",
+       "top_logprobs"},
+      {kChat, Chat(R"(,"repetition_penalty":0)"), 400, "greater than 0", "repetition_penalty"},
+      {kChat, Chat(R"(,"logit_bias":{"x":1})"), 400, "keys must be token ids", "logit_bias"},
+      {kChat, Chat(R"(,"logit_bias":{"5":101})"), 400, "between -100 and 100", "logit_bias"},
+      {kChat, Chat(R"(,"logit_bias":[1])"), 400, "'logit_bias' must be an object", "logit_bias"},
+      {kChat, Chat(R"(,"min_tokens":-1)"), 400, "'min_tokens' must be between", "min_tokens"},
+      {kChat, Chat(R"(,"stop_token_ids":[-1])"), 400, "non-negative integers", "stop_token_ids"},
       {kChat, Chat(R"(,"frequency_penalty":5)"), 400, "between -2 and 2", "frequency_penalty"},
       {kChat, Chat(R"(,"tools":[{"type":"function"}])"), 400, "tool calling", "tools"},
-      {kChat, Chat(R"(,"logit_bias":{"5":10})"), 400, "not supported", "logit_bias"},
       {kChat, Chat(R"(,"response_format":{"type":"json_object"})"), 400, "not supported",
        "response_format"},
       {kChat, Chat(R"(,"ignore_eos":"no")"), 400, "'ignore_eos' must be a boolean", "ignore_eos"},
@@ -117,14 +130,17 @@ const std::vector<BadCase>& BadCases() {
       {kCmpl, R"({"prompt":5})", 400, "'prompt' must be a string", "prompt"},
       {kCmpl, R"({"prompt":[]})", 400, "must not be empty", "prompt"},
       {kCmpl, R"({"prompt":[[]]})", 400, "must not be empty", "prompt"},
-      {kCmpl, R"({"prompt":["a","b"]})", 400, "more than one prompt", "prompt"},
+      {kCmpl, R"({"prompt":["a",5]})", 400, "'prompt' must be", "prompt"},
+      {kCmpl, R"({"prompt":["a",[]]})", 400, "must not be empty", "prompt"},
+      {kCmpl, R"({"prompt":["a","b","c","d","e"],"n":16})", 400, "at most 64", "n"},
       {kCmpl, R"({"prompt":[1,-2]})", 400, "non-negative integers", "prompt"},
       {kCmpl, R"({"prompt":[1,"x"]})", 400, "non-negative integers", "prompt"},
       {kCmpl, R"({"prompt":[1.5]})", 400, "non-negative integers", "prompt"},
       {kCmpl, R"({"prompt":[{"a":1}]})", 400, "'prompt' must be", "prompt"},
-      {kCmpl, Cmpl(R"(,"echo":true)"), 400, "not supported", "echo"},
-      {kCmpl, Cmpl(R"(,"best_of":3)"), 400, "best_of > 1", "best_of"},
-      {kCmpl, Cmpl(R"(,"logprobs":2)"), 400, "not supported", "logprobs"},
+      {kCmpl, Cmpl(R"(,"echo":1)"), 400, "'echo' must be a boolean", "echo"},
+      {kCmpl, Cmpl(R"(,"best_of":3)"), 400, "best_of other than n", "best_of"},
+      {kCmpl, Cmpl(R"(,"logprobs":21)"), 400, "between 0 and 20", "logprobs"},
+      {kCmpl, Cmpl(R"(,"logprobs":true)"), 400, "'logprobs' must be an integer", "logprobs"},
       {kCmpl, Cmpl(R"(,"suffix":"end")"), 400, "not supported", "suffix"},
       {kCmpl, Cmpl(R"(,"model":"other")"), 404, "does not exist", "model"},
   };
@@ -180,7 +196,8 @@ TEST(OpenAiRequestTest, DefaultsAndMissingModel) {
   ASSERT_FALSE(
       ParseRequest(kCmpl, R"({"prompt":"hello","max_tokens":null,"top_k":-1})", Limits(), &r));
   EXPECT_EQ(r.model, "smol");
-  EXPECT_EQ(r.prompt, "hello");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "hello");
   EXPECT_FALSE(r.max_tokens.has_value());
   EXPECT_EQ(r.sampling.temperature, 0.0f);
   EXPECT_EQ(r.sampling.top_k, 0);
@@ -190,13 +207,73 @@ TEST(OpenAiRequestTest, DefaultsAndMissingModel) {
 TEST(OpenAiRequestTest, PromptForms) {
   ParsedRequest r;
   ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":["one string"]})", Limits(), &r));
-  EXPECT_EQ(r.prompt, "one string");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "one string");
   ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":[1,2,3]})", Limits(), &r));
-  EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
   ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":[[4,5]]})", Limits(), &r));
-  EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(r.prompts[0].token_ids, (std::vector<int32_t>{4, 5}));
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":["a",[6],"b"]})", Limits(), &r));
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[0].text, "a");
+  EXPECT_EQ(r.prompts[1].token_ids, (std::vector<int32_t>{6}));
+  EXPECT_EQ(r.prompts[2].text, "b");
   ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x","seed":-1})", Limits(), &r));
   EXPECT_EQ(r.sampling.seed, ~uint64_t{0});
+  EXPECT_TRUE(r.seeded);
+}
+
+TEST(OpenAiRequestTest, UnseededRequestsGetDifferentSeeds) {
+  ParsedRequest a, b;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x"})", Limits(), &a));
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x"})", Limits(), &b));
+  EXPECT_FALSE(a.seeded);
+  EXPECT_NE(a.sampling.seed, b.sampling.seed);
+}
+
+TEST(OpenAiRequestTest, OutputControlsAreParsed) {
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kChat,
+                            R"({"messages":[{"role":"user","content":"hi"}],
+                                "presence_penalty":0.5,"frequency_penalty":-1,
+                                "repetition_penalty":1.2,"logit_bias":{"7":-100,"12":2.5},
+                                "min_tokens":3,"stop_token_ids":[4,9],"n":3,
+                                "logprobs":true,"top_logprobs":5})",
+                            Limits(), &r));
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.2f);
+  ASSERT_EQ(r.sampling.logit_bias.size(), 2u);
+  std::map<int32_t, float> bias(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
+  EXPECT_FLOAT_EQ(bias.at(7), -100.0f);
+  EXPECT_FLOAT_EQ(bias.at(12), 2.5f);
+  EXPECT_EQ(r.sampling.min_tokens, 3);
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<int32_t>{4, 9}));
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.sampling.logprobs, 5);
+  // Chat logprobs without top_logprobs: the chosen token only.
+  ASSERT_FALSE(ParseRequest(kChat, R"({"messages":[{"role":"user","content":"hi"}],
+                                       "logprobs":true})",
+                            Limits(), &r));
+  EXPECT_EQ(r.sampling.logprobs, 0);
+  // Completions: an integer; echo.
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x","logprobs":2,"echo":true})", Limits(), &r));
+  EXPECT_EQ(r.sampling.logprobs, 2);
+  EXPECT_TRUE(r.echo);
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x","logprobs":false})", Limits(), &r));
+  EXPECT_EQ(r.sampling.logprobs, -1);
+}
+
+TEST(OpenAiRequestTest, ModelAliasesAreAcceptedAndEchoed) {
+  ProtocolLimits limits = Limits();
+  limits.aliases = {"gpt-4o-mini"};
+  ParsedRequest r;
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x","model":"gpt-4o-mini"})", limits, &r));
+  EXPECT_EQ(r.model, "gpt-4o-mini");
+  ASSERT_FALSE(ParseRequest(kCmpl, R"({"prompt":"x"})", limits, &r));
+  EXPECT_EQ(r.model, limits.served_model_name);
+  EXPECT_EQ(ParseRequest(kCmpl, R"({"prompt":"x","model":"gpt-4"})", limits, &r)->status, 404);
 }
 
 TEST(OpenAiRequestTest, DeeplyNestedJsonIsRejectedWithoutCrashing) {

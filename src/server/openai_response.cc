@@ -36,17 +36,88 @@ json FinishValue(const std::string& finish_reason) {
   return finish_reason.empty() ? json(nullptr) : json(finish_reason);
 }
 
+// The text a token shows as: its piece when valid UTF-8, else OpenAI's "bytes:\xNN..." form.
+std::string TokenText(const std::string& piece) {
+  bool valid = true;
+  try {
+    (void)json(piece).dump();  // strict: throws on ill-formed UTF-8
+  } catch (const json::exception&) {
+    valid = false;
+  }
+  if (valid) return piece;
+  std::string out = "bytes:";
+  char buf[8];
+  for (unsigned char c : piece) {
+    std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
+json Bytes(const std::string& piece) {
+  json a = json::array();
+  for (unsigned char c : piece) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+json LogprobValue(const std::optional<float>& lp) { return lp ? json(*lp) : json(nullptr); }
+
+// Chat: {"content": [...], "refusal": null}.
+json ChatLogprobs(std::span<const TokenLogprobs> tokens) {
+  json content = json::array();
+  for (const TokenLogprobs& t : tokens) {
+    json top = json::array();
+    for (const auto& [piece, lp] : t.top) {
+      top.push_back({{"token", TokenText(piece)}, {"logprob", lp}, {"bytes", Bytes(piece)}});
+    }
+    content.push_back({{"token", TokenText(t.piece)},
+                       {"logprob", LogprobValue(t.logprob)},
+                       {"bytes", Bytes(t.piece)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// Completions: parallel arrays; offsets count bytes from `text_offset`.
+json CompletionLogprobs(std::span<const TokenLogprobs> tokens, int64_t text_offset) {
+  json out = {{"tokens", json::array()},
+              {"token_logprobs", json::array()},
+              {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  for (const TokenLogprobs& t : tokens) {
+    out["tokens"].push_back(TokenText(t.piece));
+    out["token_logprobs"].push_back(LogprobValue(t.logprob));
+    if (t.logprob) {
+      json top = json::object();
+      top[TokenText(t.piece)] = *t.logprob;
+      for (const auto& [piece, lp] : t.top) top[TokenText(piece)] = lp;
+      out["top_logprobs"].push_back(std::move(top));
+    } else {
+      out["top_logprobs"].push_back(nullptr);
+    }
+    out["text_offset"].push_back(text_offset);
+    text_offset += static_cast<int64_t>(t.piece.size());
+  }
+  return out;
+}
+
+json LogprobsJson(const ResponseContext& ctx, std::span<const TokenLogprobs> tokens,
+                  int64_t text_offset) {
+  if (!ctx.logprobs) return nullptr;
+  return IsChat(ctx) ? ChatLogprobs(tokens) : CompletionLogprobs(tokens, text_offset);
+}
+
 // One streamed choice: chat delta or completion text.
-std::string Chunk(const ResponseContext& ctx, json delta_or_text,
-                  const std::string& finish_reason) {
+std::string Chunk(const ResponseContext& ctx, int index, json delta_or_text,
+                  const std::string& finish_reason, json logprobs = nullptr) {
   json j = Envelope(ctx, /*chunk=*/true);
-  json choice = {{"index", 0}};
+  json choice = {{"index", index}};
   if (IsChat(ctx)) {
     choice["delta"] = std::move(delta_or_text);
   } else {
     choice["text"] = std::move(delta_or_text);
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = FinishValue(finish_reason);
   j["choices"] = json::array({std::move(choice)});
   if (ctx.include_usage) j["usage"] = nullptr;
@@ -83,33 +154,44 @@ std::string NewRequestId(Endpoint endpoint) {
   return (endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(buf);
 }
 
-std::string CompletionBody(const ResponseContext& ctx, const std::string& text,
-                           const std::string& finish_reason, const Usage& usage) {
+std::string CompletionBody(const ResponseContext& ctx, std::span<const Choice> choices,
+                           const Usage& usage) {
   json j = Envelope(ctx, /*chunk=*/false);
-  json choice = {{"index", 0}};
-  if (IsChat(ctx)) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+  j["choices"] = json::array();
+  for (const Choice& c : choices) {
+    json choice = {{"index", c.index}};
+    if (IsChat(ctx)) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = LogprobsJson(ctx, c.logprobs, 0);
+    choice["finish_reason"] = FinishValue(c.finish_reason);
+    j["choices"].push_back(std::move(choice));
   }
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = FinishValue(finish_reason);
-  j["choices"] = json::array({std::move(choice)});
   j["usage"] = UsageJson(usage);
   return Dump(j);
 }
 
-std::string ChatRoleChunk(const ResponseContext& ctx) {
-  return Chunk(ctx, json{{"role", "assistant"}, {"content", ""}}, "");
+std::string CompletionBody(const ResponseContext& ctx, const std::string& text,
+                           const std::string& finish_reason, const Usage& usage) {
+  const Choice one{0, text, finish_reason, {}};
+  return CompletionBody(ctx, std::span(&one, 1), usage);
 }
 
-std::string TextChunk(const ResponseContext& ctx, const std::string& text) {
-  return IsChat(ctx) ? Chunk(ctx, json{{"content", text}}, "") : Chunk(ctx, json(text), "");
+std::string ChatRoleChunk(const ResponseContext& ctx, int index) {
+  return Chunk(ctx, index, json{{"role", "assistant"}, {"content", ""}}, "");
 }
 
-std::string FinishChunk(const ResponseContext& ctx, const std::string& finish_reason) {
-  return IsChat(ctx) ? Chunk(ctx, json::object(), finish_reason)
-                     : Chunk(ctx, json(""), finish_reason);
+std::string TextChunk(const ResponseContext& ctx, const std::string& text, int index,
+                      std::span<const TokenLogprobs> logprobs, int64_t text_offset) {
+  json body = IsChat(ctx) ? json{{"content", text}} : json(text);
+  return Chunk(ctx, index, std::move(body), "", LogprobsJson(ctx, logprobs, text_offset));
+}
+
+std::string FinishChunk(const ResponseContext& ctx, const std::string& finish_reason, int index) {
+  return IsChat(ctx) ? Chunk(ctx, index, json::object(), finish_reason)
+                     : Chunk(ctx, index, json(""), finish_reason);
 }
 
 std::string UsageChunk(const ResponseContext& ctx, const Usage& usage) {
@@ -121,9 +203,13 @@ std::string UsageChunk(const ResponseContext& ctx, const Usage& usage) {
 
 std::string SseEvent(const std::string& json_text) { return "data: " + json_text + "\n\n"; }
 
-std::string ModelsBody(const std::string& model, int64_t created) {
-  json m = {{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "tandem"}};
-  return Dump(json{{"object", "list"}, {"data", json::array({std::move(m)})}});
+std::string ModelsBody(const std::vector<std::string>& names, int64_t created) {
+  json data = json::array();
+  for (const std::string& name : names) {
+    data.push_back(
+        {{"id", name}, {"object", "model"}, {"created", created}, {"owned_by", "tandem"}});
+  }
+  return Dump(json{{"object", "list"}, {"data", std::move(data)}});
 }
 
 }  // namespace tandem::server

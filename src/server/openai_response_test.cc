@@ -105,10 +105,58 @@ TEST(OpenAiResponseTest, ErrorShape) {
 }
 
 TEST(OpenAiResponseTest, ModelsList) {
-  json j = json::parse(ModelsBody("smol", 5));
+  json j = json::parse(ModelsBody({"smol"}, 5));
   EXPECT_EQ(j["object"], "list");
   EXPECT_EQ(j["data"][0]["id"], "smol");
   EXPECT_EQ(j["data"][0]["object"], "model");
+}
+
+TEST(OpenAiResponseTest, ChatLogprobsShape) {
+  ResponseContext ctx = Ctx(Endpoint::kChatCompletions);
+  ctx.logprobs = true;
+  const std::vector<TokenLogprobs> lps = {{"Hi", -0.25f, {{"Hi", -0.25f}, {"Hello", -1.5f}}},
+                                          {"\xe2\x82", -0.5f, {}}};
+  const Choice choice{0, "Hi", "stop", lps};
+  const json j = json::parse(CompletionBody(ctx, std::span(&choice, 1), {3, 2, 0}));
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "Hi");
+  EXPECT_FLOAT_EQ(content[0]["logprob"].get<float>(), -0.25f);
+  EXPECT_EQ(content[0]["bytes"], json::array({72, 105}));
+  ASSERT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["token"], "Hello");
+  // Part of a UTF-8 character: OpenAI's escaped form, the exact bytes beside it.
+  EXPECT_EQ(content[1]["token"], "bytes:\\xe2\\x82");
+  EXPECT_EQ(content[1]["bytes"], json::array({0xe2, 0x82}));
+  EXPECT_TRUE(j["choices"][0]["logprobs"]["refusal"].is_null());
+}
+
+TEST(OpenAiResponseTest, CompletionLogprobsShapeAndOffsets) {
+  ResponseContext ctx = Ctx(Endpoint::kCompletions);
+  ctx.logprobs = true;
+  const std::vector<TokenLogprobs> lps = {{"ab", -0.1f, {{"x", -3.0f}}}, {"cde", -0.2f, {}}};
+  const json chunk = json::parse(TextChunk(ctx, "abcde", 2, lps, 10));
+  EXPECT_EQ(chunk["choices"][0]["index"], 2);
+  const json& l = chunk["choices"][0]["logprobs"];
+  EXPECT_EQ(l["tokens"], json::array({"ab", "cde"}));
+  EXPECT_EQ(l["text_offset"], json::array({10, 12}));
+  EXPECT_FLOAT_EQ(l["token_logprobs"][1].get<float>(), -0.2f);
+  // The map holds the token itself and its alternatives.
+  EXPECT_EQ(l["top_logprobs"][0].size(), 2u);
+  EXPECT_FLOAT_EQ(l["top_logprobs"][0]["x"].get<float>(), -3.0f);
+  // Without logprobs: null, as before.
+  EXPECT_TRUE(
+      json::parse(TextChunk(Ctx(Endpoint::kCompletions), "a"))["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiResponseTest, SeveralChoicesInIndexOrder) {
+  const std::vector<Choice> choices = {{0, "a", "stop", {}}, {1, "b", "length", {}}};
+  const json j = json::parse(CompletionBody(Ctx(Endpoint::kChatCompletions), choices, {5, 7, 0}));
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][1]["message"]["content"], "b");
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["total_tokens"], 12);
 }
 
 }  // namespace

@@ -1,29 +1,88 @@
 #include "server/request_sink.h"
 
+#include <algorithm>
+
 namespace tandem::server {
 
 RequestSink::RequestSink(const model::Tokenizer* tokenizer, std::vector<std::string> stops,
-                         bool ignore_eos, std::function<void(const serving::FinishInfo&)> on_finish)
+                         bool ignore_eos, std::function<void(const serving::FinishInfo&)> on_finish,
+                         Extras extras)
     : tokenizer_(tokenizer),
       decoder_(tokenizer),
       stop_(std::move(stops)),
       ignore_eos_(ignore_eos),
-      on_finish_(std::move(on_finish)) {}
+      on_finish_(std::move(on_finish)),
+      extras_(std::move(extras)) {}
 
-bool RequestSink::OnToken(int32_t token) {
+void Doorbell::Ring() {
+  {
+    MutexLock lock(&mu_);
+    ++rings_;
+  }
+  cv_.NotifyAll();
+}
+
+uint64_t Doorbell::rings() const {
+  MutexLock lock(&mu_);
+  return rings_;
+}
+
+void Doorbell::WaitPast(uint64_t seen, std::chrono::steady_clock::duration timeout) {
+  MutexLock lock(&mu_);
+  cv_.WaitFor(&mu_, timeout, [&] {
+    mu_.AssertHeld();
+    return rings_ != seen;
+  });
+}
+
+void RequestSink::Notify() {
+  cv_.NotifyAll();
+  if (extras_.doorbell) extras_.doorbell->Ring();
+}
+
+bool RequestSink::WaitStarted(std::chrono::steady_clock::time_point deadline) {
+  MutexLock lock(&mu_);
+  return cv_.WaitUntil(&mu_, deadline, [&] {
+    mu_.AssertHeld();
+    return started_;
+  });
+}
+
+bool RequestSink::OnToken(const engine::SampledToken& sampled) {
+  const int32_t token = sampled.token;
+  bool first = false;
   {
     MutexLock lock(&mu_);
     if (client_gone_) return false;
+    first = !started_;
+    started_ = true;
   }
+  if (first) Notify();
   if (stop_.stopped()) return false;
-  // End-of-generation tokens end the text; the backend finishes the request after them.
-  if (!ignore_eos_ && tokenizer_->IsEndOfGeneration(token)) return true;
+  if (extras_.logprobs) {
+    TokenLogprobs entry{tokenizer_->TokenToPiece(token), sampled.logprob, {}};
+    entry.top.reserve(sampled.top.size());
+    for (const auto& alt : sampled.top) {
+      entry.top.emplace_back(tokenizer_->TokenToPiece(alt.token), alt.logprob);
+    }
+    {
+      MutexLock lock(&mu_);
+      pending_logprobs_.push_back(std::move(entry));
+    }
+    Notify();
+  }
+  // End-of-generation and stop tokens end the text; the backend finishes the request after them.
+  const auto& ids = extras_.stop_token_ids;
+  if ((!ignore_eos_ && tokenizer_->IsEndOfGeneration(token)) ||
+      std::find(ids.begin(), ids.end(), token) != ids.end()) {
+    return true;
+  }
   StopMatcher::Result r = stop_.Push(decoder_.Push(token));
   if (!r.text.empty()) {
     MutexLock lock(&mu_);
     pending_ += r.text;
   }
-  if (!r.text.empty() || r.stopped) cv_.NotifyAll();
+  if (!r.text.empty() || r.stopped) Notify();
   return !r.stopped;
 }
 
@@ -42,9 +101,10 @@ void RequestSink::OnFinish(const serving::FinishInfo& info) {
     MutexLock lock(&mu_);
     pending_ += tail;
     finished_ = true;
+    started_ = true;
     info_ = final_info;
   }
-  cv_.NotifyAll();
+  Notify();
 }
 
 RequestSink::Taken RequestSink::Wait(std::chrono::steady_clock::duration timeout) {
@@ -52,10 +112,12 @@ RequestSink::Taken RequestSink::Wait(std::chrono::steady_clock::duration timeout
   MutexLock lock(&mu_);
   cv_.WaitFor(&mu_, timeout, [&] {
     mu_.AssertHeld();
-    return !pending_.empty() || finished_;
+    return !pending_.empty() || !pending_logprobs_.empty() || finished_;
   });
   t.text = std::move(pending_);
   pending_.clear();
+  t.logprobs = std::move(pending_logprobs_);
+  pending_logprobs_.clear();
   t.finished = finished_;
   if (finished_) t.info = info_;
   return t;

@@ -32,7 +32,7 @@ class RequestSinkTest : public ::testing::Test {
     FinishReason r = reason;
     for (int32_t id : ids) {
       ++*accepted;
-      if (!sink.OnToken(id)) {
+      if (!sink.OnToken({id})) {
         r = FinishReason::kCancelled;
         break;
       }
@@ -110,10 +110,10 @@ TEST_F(RequestSinkTest, EndOfGenerationTokenIsNotText) {
 TEST_F(RequestSinkTest, ClientGoneCancelsAtTheNextToken) {
   RequestSink sink(tokenizer_.get(), {}, false, nullptr);
   const auto ids = Ids("one two three");
-  EXPECT_TRUE(sink.OnToken(ids[0]));
+  EXPECT_TRUE(sink.OnToken({ids[0]}));
   sink.MarkClientGone();
   EXPECT_TRUE(sink.client_gone());
-  EXPECT_FALSE(sink.OnToken(ids[1]));
+  EXPECT_FALSE(sink.OnToken({ids[1]}));
 }
 
 TEST_F(RequestSinkTest, FinishHookSeesFinalReasonOnce) {
@@ -136,7 +136,7 @@ TEST_F(RequestSinkTest, ConsumerOnAnotherThreadGetsEverything) {
   const auto ids = Ids(text);
   RequestSink sink(tokenizer_.get(), {}, false, nullptr);
   std::thread producer([&] {
-    for (int32_t id : ids) sink.OnToken(id);
+    for (int32_t id : ids) sink.OnToken({id});
     FinishInfo info;
     info.reason = FinishReason::kLength;
     sink.OnFinish(info);
@@ -149,6 +149,35 @@ TEST_F(RequestSinkTest, ConsumerOnAnotherThreadGetsEverything) {
   }
   producer.join();
   EXPECT_EQ(got, text);
+}
+
+TEST_F(RequestSinkTest, LogprobsAreHandedOutPerTokenAndStopTokensHideTheirText) {
+  const auto ids = Ids("Hello world");
+  ASSERT_GE(ids.size(), 2u);
+  const int32_t stop_id = Ids(" stop")[0];
+  auto doorbell = std::make_shared<Doorbell>();
+  RequestSink sink(tokenizer_.get(), {}, false, nullptr, {{stop_id}, true, doorbell});
+  const uint64_t rings = doorbell->rings();
+  ASSERT_TRUE(sink.OnToken({ids[0], -0.5f, {{ids[0], -0.5f}, {ids[1], -2.0f}}}));
+  EXPECT_GT(doorbell->rings(), rings);
+  ASSERT_TRUE(sink.OnToken({ids[1], -0.25f, {}}));
+  ASSERT_TRUE(sink.OnToken({stop_id, -1.0f, {}}));  // the backend ends the request after it
+  sink.OnFinish({});
+  std::string text;
+  std::vector<TokenLogprobs> lps;
+  while (true) {
+    auto t = sink.Wait(std::chrono::milliseconds(10));
+    text += t.text;
+    for (auto& l : t.logprobs) lps.push_back(std::move(l));
+    if (t.finished) break;
+  }
+  EXPECT_EQ(text, "Hello world");
+  ASSERT_EQ(lps.size(), 3u);  // the stop token's logprob is reported, its text is not
+  EXPECT_EQ(lps[0].piece + lps[1].piece, "Hello world");
+  EXPECT_EQ(lps[0].top.size(), 2u);
+  EXPECT_EQ(lps[0].top[1].first, tokenizer_->TokenToPiece(ids[1]));
+  EXPECT_FLOAT_EQ(*lps[2].logprob, -1.0f);
+  EXPECT_TRUE(sink.WaitStarted(std::chrono::steady_clock::now()));
 }
 
 }  // namespace

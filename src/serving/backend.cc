@@ -1,5 +1,7 @@
 #include "serving/backend.h"
 
+#include <algorithm>
+
 namespace tandem::serving {
 
 const char* FinishReasonName(FinishReason r) {
@@ -13,11 +15,18 @@ const char* FinishReasonName(FinishReason r) {
   return "unknown";
 }
 
+bool EndsGeneration(const GenerationRequest& request, int32_t token, bool end_of_generation) {
+  const auto& ids = request.sampling.stop_token_ids;
+  return (end_of_generation && !request.ignore_eos) ||
+         std::find(ids.begin(), ids.end(), token) != ids.end();
+}
+
 Status ValidateRequest(const GenerationRequest& request, int vocab_size, int context_length) {
   const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
   if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
   if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
   TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
+  TANDEM_RETURN_IF_ERROR(request.sampling.ValidateTokens(vocab_size));
   for (int32_t t : request.prompt_tokens) {
     if (t < 0 || t >= vocab_size) {
       return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");

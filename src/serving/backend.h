@@ -34,6 +34,10 @@ struct GenerationRequest {
   Clock::time_point deadline = Clock::time_point::max();  // the request fails after this
 };
 
+// Whether `token` ends the request: one of its stop_token_ids, or an end-of-generation token of
+// the model (`end_of_generation`) unless ignore_eos.
+bool EndsGeneration(const GenerationRequest& request, int32_t token, bool end_of_generation);
+
 // FinishInfo::message of a request that ran out of its own time (its deadline), as opposed to a
 // shorter limit inside it.
 inline constexpr const char* kRequestDeadlinePassed = "the request deadline passed";
@@ -59,11 +63,12 @@ struct FinishInfo {
 
 // Receives one request's output. Called from the backend's thread, never concurrently for the
 // same sink. OnToken returning false cancels the request (client gone, stop string matched);
-// OnFinish is then still called once, with kCancelled or the reason the caller set.
+// OnFinish is then still called once, with kCancelled or the reason the caller set. A token's
+// logprob and alternatives are filled when the request's sampling.logprobs >= 0.
 class GenerationSink {
  public:
   virtual ~GenerationSink() = default;
-  virtual bool OnToken(int32_t token) = 0;
+  virtual bool OnToken(const engine::SampledToken& token) = 0;
   virtual void OnFinish(const FinishInfo& info) = 0;
 };
 
@@ -124,7 +129,8 @@ struct BackendStats {
 };
 
 // The checks every backend makes at Submit: a non-empty prompt of token ids in [0, vocab_size),
-// max_tokens >= 1, valid sampling, and a prompt shorter than context_length tokens.
+// max_tokens >= 1, valid sampling (its token ids in the vocabulary too), and a prompt shorter
+// than context_length tokens.
 // InvalidArgument or OutOfRange naming the problem.
 Status ValidateRequest(const GenerationRequest& request, int vocab_size, int context_length);
 

@@ -58,6 +58,7 @@ class LocalBackendImpl final : public LocalBackend {
         kv_(engine->kv()),
         block_tokens_(kv_.shape().block_tokens),
         prefix_cache_(&kv_),
+        end_tokens_(engine->tokenizer().EndOfGenerationIds()),
         log_(GetLogger("scheduler")) {
     options_.max_batch_tokens = std::max(options_.max_batch_tokens, options_.max_num_seqs);
     loop_ = std::thread([this] { Loop(); });
@@ -131,8 +132,9 @@ class LocalBackendImpl final : public LocalBackend {
       s.admitted_once = true;
       s.prompt_offered = false;
       s.first_scheduled = s.first_token = Clock::now();
-      s.sampler->Skip(1);  // the prefill side drew the first token from the same seed
-      if (!s.req.ignore_eos && engine_->tokenizer().IsEndOfGeneration(first_token)) {
+      // The prefill side drew the first token with the same params: continue its stream.
+      s.sampler->Resume(std::span(&first_token, 1));
+      if (EndsGeneration(s.req, first_token, engine_->tokenizer().IsEndOfGeneration(first_token))) {
         SetFinish(s, FinishReason::kStop);
       } else if (s.n_generated >= s.req.max_tokens) {
         SetFinish(s, FinishReason::kLength);
@@ -220,14 +222,15 @@ class LocalBackendImpl final : public LocalBackend {
     return OkStatus();
   }
 
-  static std::unique_ptr<Sequence> NewSequence(GenerationRequest request,
-                                               std::shared_ptr<GenerationSink> sink) {
+  std::unique_ptr<Sequence> NewSequence(GenerationRequest request,
+                                        std::shared_ptr<GenerationSink> sink) const {
     auto seq = std::make_unique<Sequence>();
     seq->req = std::move(request);
     seq->sink = std::move(sink);
     seq->tokens = seq->req.prompt_tokens;
     seq->n_prompt = static_cast<int>(seq->tokens.size());
-    seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling);
+    seq->sampler =
+        std::make_unique<engine::Sampler>(seq->req.sampling, seq->req.prompt_tokens, end_tokens_);
     return seq;
   }
 
@@ -649,15 +652,16 @@ class LocalBackendImpl final : public LocalBackend {
       }
       TrimWindow(s);
       if (!items[i].want_logits) continue;
-      const int32_t tok =
+      const engine::SampledToken sampled =
           s.sampler->Sample(std::span(logits_).subspan(static_cast<size_t>(row++) * vocab, vocab));
+      const int32_t tok = sampled.token;
       s.tokens.push_back(tok);
       ++s.n_generated;
       generated_tokens_.fetch_add(1);
       if (s.n_generated == 1) s.first_token = Clock::now();
-      if (!s.sink->OnToken(tok)) {
+      if (!s.sink->OnToken(sampled)) {
         SetFinish(s, FinishReason::kCancelled, "cancelled by the client");
-      } else if (!s.req.ignore_eos && engine_->tokenizer().IsEndOfGeneration(tok)) {
+      } else if (EndsGeneration(s.req, tok, engine_->tokenizer().IsEndOfGeneration(tok))) {
         SetFinish(s, FinishReason::kStop);
       } else if (s.n_generated >= s.req.max_tokens ||
                  static_cast<int>(s.tokens.size()) >= engine_->config().context_length) {
@@ -741,7 +745,8 @@ class LocalBackendImpl final : public LocalBackend {
   SchedulerOptions options_;
   engine::PagedKvCache& kv_;
   const int block_tokens_;
-  PrefixCache prefix_cache_;  // loop thread only
+  PrefixCache prefix_cache_;               // loop thread only
+  const std::vector<int32_t> end_tokens_;  // the model's end-of-generation ids (min_tokens)
   std::shared_ptr<spdlog::logger> log_;
   std::vector<float> logits_;  // loop thread only
 

@@ -34,7 +34,8 @@ std::unique_ptr<engine::Engine> LoadEngine(const std::string& file = kSmolLm2,
 
 class Collector : public GenerationSink {
  public:
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& sampled) override {
+    const int32_t token = sampled.token;
     std::lock_guard<std::mutex> lock(mu_);
     tokens_.push_back(token);
     return true;

@@ -42,7 +42,8 @@ std::unique_ptr<engine::Engine> LoadGemma(int max_sequences, int max_step_tokens
 class CollectingSink : public GenerationSink {
  public:
   explicit CollectingSink(int cancel_after = -1) : cancel_after_(cancel_after) {}
-  bool OnToken(int32_t token) override {
+  bool OnToken(const engine::SampledToken& sampled) override {
+    const int32_t token = sampled.token;
     std::lock_guard<std::mutex> lock(mu_);
     tokens_.push_back(token);
     return cancel_after_ < 0 || static_cast<int>(tokens_.size()) < cancel_after_;

@@ -1,0 +1,167 @@
+#include "server/choices.h"
+
+#include "server/http_util.h"
+
+namespace tandem::server {
+
+using serving::FinishReason;
+
+namespace {
+
+bool Succeeded(const serving::FinishInfo& info) {
+  return info.reason == FinishReason::kStop || info.reason == FinishReason::kLength;
+}
+
+}  // namespace
+
+ChoiceSet::ChoiceSet(ResponseContext ctx, std::vector<ChoiceRun> runs, int n,
+                     std::shared_ptr<Doorbell> doorbell)
+    : ctx_(std::move(ctx)),
+      runs_(std::move(runs)),
+      n_(std::max(1, n)),
+      doorbell_(std::move(doorbell)),
+      submitted_(runs_.size(), false) {}
+
+ChoiceSet::~ChoiceSet() {
+  for (const ChoiceRun& r : runs_) {
+    if (!r.done) r.sink->MarkClientGone();
+  }
+}
+
+void ChoiceSet::CancelAll() {
+  for (const ChoiceRun& r : runs_) r.sink->MarkClientGone();
+}
+
+Status ChoiceSet::Submit(serving::GenerationBackend* backend, Clock::time_point deadline) {
+  auto submit = [&](size_t k) -> Status {
+    Status st = backend->Submit(std::move(runs_[k].request), runs_[k].sink);
+    if (!st.ok()) {
+      CancelAll();
+      return st;
+    }
+    submitted_[k] = true;
+    return OkStatus();
+  };
+  for (size_t k = 0; k < runs_.size(); k += n_) TANDEM_RETURN_IF_ERROR(submit(k));
+  if (n_ == 1) return OkStatus();
+  for (size_t k = 0; k < runs_.size(); k += n_) {
+    // The prompt's KV is computed (and cached) once the first choice has a token; the others
+    // are not held back past the deadline either way.
+    runs_[k].sink->WaitStarted(deadline);
+    for (size_t f = k + 1; f < std::min(runs_.size(), k + n_); ++f) {
+      TANDEM_RETURN_IF_ERROR(submit(f));
+    }
+  }
+  return OkStatus();
+}
+
+Usage ChoiceSet::TotalUsage() const {
+  Usage u;
+  for (const ChoiceRun& r : runs_) {
+    // A prompt is counted once, from its first choice.
+    if (r.index % n_ == 0) {
+      u.prompt_tokens += r.info.prompt_tokens;
+      u.cached_tokens += r.info.cached_prompt_tokens;
+    }
+    u.completion_tokens += r.info.completion_tokens;
+  }
+  return u;
+}
+
+ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeout_s) {
+  Whole out;
+  for (ChoiceRun& run : runs_) {
+    run.text = run.echo;
+    while (!run.done) {
+      RequestSink::Taken t = run.sink->Wait(
+          std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
+      run.text += t.text;
+      for (auto& lp : t.logprobs) run.logprobs.push_back(std::move(lp));
+      if (t.finished) {
+        run.done = true;
+        run.info = t.info;
+        if (!Succeeded(run.info)) {
+          out.error = FailureError(run.info, timeout_s);
+          return out;
+        }
+      } else if (Clock::now() >= give_up) {
+        // The backend should have timed the request out itself; stop waiting for it.
+        serving::FinishInfo info;
+        info.reason = FinishReason::kTimeout;
+        out.error = FailureError(info, timeout_s);
+        return out;
+      }
+    }
+  }
+  std::vector<Choice> choices;
+  choices.reserve(runs_.size());
+  for (ChoiceRun& run : runs_) {
+    choices.push_back({run.index, std::move(run.text), serving::FinishReasonName(run.info.reason),
+                       std::move(run.logprobs)});
+  }
+  out.body = CompletionBody(ctx_, choices, TotalUsage());
+  return out;
+}
+
+bool ChoiceSet::SendNews(ChoiceRun& run, RequestSink::Taken& t,
+                         const std::function<bool(const std::string&)>& send) {
+  if (t.text.empty() && t.logprobs.empty()) return true;
+  if (!send(SseEvent(TextChunk(ctx_, t.text, run.index, t.logprobs, run.text_offset)))) {
+    return false;
+  }
+  for (const TokenLogprobs& lp : t.logprobs) run.text_offset += lp.piece.size();
+  return true;
+}
+
+bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
+                           std::chrono::milliseconds poll, double timeout_s, bool* finished) {
+  *finished = false;
+  for (ChoiceRun& run : runs_) {
+    if (run.started) continue;
+    run.started = true;
+    if (ctx_.endpoint == Endpoint::kChatCompletions &&
+        !send(SseEvent(ChatRoleChunk(ctx_, run.index)))) {
+      return false;
+    }
+    if (!run.echo.empty()) {
+      if (!send(SseEvent(TextChunk(ctx_, run.echo, run.index)))) return false;
+      run.text_offset = static_cast<int64_t>(run.echo.size());
+    }
+  }
+  const uint64_t seen = doorbell_ ? doorbell_->rings() : 0;
+  bool news = false;
+  for (ChoiceRun& run : runs_) {
+    if (run.done) continue;
+    // One choice: block on its sink; several: look at each, then wait on the doorbell.
+    RequestSink::Taken t =
+        run.sink->Wait(runs_.size() == 1 ? Clock::duration(poll) : Clock::duration::zero());
+    news = news || !t.text.empty() || !t.logprobs.empty() || t.finished;
+    if (!SendNews(run, t, send)) return false;
+    if (!t.finished) continue;
+    run.done = true;
+    run.info = t.info;
+    if (!Succeeded(run.info)) {
+      // One failed choice fails the response: the error event, then the end.
+      CancelAll();
+      if (!send(SseEvent(ApiErrorJson(FailureError(run.info, timeout_s))))) return false;
+      if (!send(kSseDone)) return false;
+      *finished = true;
+      return true;
+    }
+    if (!send(SseEvent(FinishChunk(ctx_, serving::FinishReasonName(run.info.reason), run.index)))) {
+      return false;
+    }
+  }
+  const bool all_done =
+      std::all_of(runs_.begin(), runs_.end(), [](const ChoiceRun& r) { return r.done; });
+  if (all_done) {
+    if (ctx_.include_usage && !send(SseEvent(UsageChunk(ctx_, TotalUsage())))) return false;
+    if (!send(kSseDone)) return false;
+    *finished = true;
+    return true;
+  }
+  if (!news && doorbell_) doorbell_->WaitPast(seen, poll);
+  return true;
+}
+
+}  // namespace tandem::server

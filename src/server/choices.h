@@ -1,0 +1,89 @@
+// The choices of one OpenAI response: n per prompt, and several prompts per completions call.
+// Each choice is one GenerationRequest with its own RequestSink; a ChoiceSet submits them and
+// gathers their output in index order (choice index = prompt * n + i), whole or as SSE chunks.
+//
+// KV sharing between the n choices of a prompt: the first choice is submitted alone; the others
+// follow once it has produced its first token, when the prompt's full KV blocks are in the
+// prefix cache (or, disaggregated, in the worker's cache and the KV pool), so they compute only
+// the prompt's last partial block. Choice i draws with seed + i.
+//
+// Thread-safety: one ChoiceSet per request, used by one thread at a time (the handler, then the
+// streaming provider); the sinks inside are fed by the backend's threads.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/api_error.h"
+#include "server/openai_response.h"
+#include "server/request_sink.h"
+#include "serving/backend.h"
+
+namespace tandem::server {
+
+struct ChoiceRun {
+  int index = 0;
+  int prompt = 0;                      // which prompt of the request
+  serving::GenerationRequest request;  // moved into the backend at Submit
+  std::shared_ptr<RequestSink> sink;
+  std::string echo;  // completions echo: the prompt's text, sent before the output
+  // Output gathered so far.
+  std::string text;
+  std::vector<TokenLogprobs> logprobs;
+  int64_t text_offset = 0;  // bytes of the choice's text already sent (streaming)
+  bool started = false;     // streaming: the role chunk / echo went out
+  bool done = false;
+  serving::FinishInfo info;
+};
+
+class ChoiceSet {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // runs: in index order, each with its request and sink (sharing `doorbell` when there are
+  // several); n: choices per prompt.
+  ChoiceSet(ResponseContext ctx, std::vector<ChoiceRun> runs, int n,
+            std::shared_ptr<Doorbell> doorbell);
+  // Cancels whatever is still running (the client went away).
+  ~ChoiceSet();
+
+  // Submits every choice (the first of each prompt, then the others once it started, waiting
+  // until `deadline` at most). On a refusal the choices already submitted are cancelled and the
+  // refusal is returned.
+  Status Submit(serving::GenerationBackend* backend, Clock::time_point deadline);
+
+  // Non-streaming: waits for every choice (until give_up) and returns the whole body, or the
+  // error of the first choice that failed. timeout_s names the request timeout in errors.
+  struct Whole {
+    std::string body;  // when no error
+    std::optional<ApiError> error;
+  };
+  Whole CollectWhole(Clock::time_point give_up, double timeout_s);
+
+  // Streaming: sends what is new as SSE events through `send` (false: the client is gone),
+  // waiting up to `poll` for news. Returns false when sending failed; sets *finished once the
+  // last event ([DONE]) went out.
+  bool StreamStep(const std::function<bool(const std::string&)>& send,
+                  std::chrono::milliseconds poll, double timeout_s, bool* finished);
+
+  // Marks every sink's client gone (the next token cancels its request).
+  void CancelAll();
+
+  int size() const { return static_cast<int>(runs_.size()); }
+
+ private:
+  Usage TotalUsage() const;
+  bool SendNews(ChoiceRun& run, RequestSink::Taken& t,
+                const std::function<bool(const std::string&)>& send);
+
+  ResponseContext ctx_;
+  std::vector<ChoiceRun> runs_;
+  int n_;
+  std::shared_ptr<Doorbell> doorbell_;  // null with one choice
+  std::vector<bool> submitted_;
+};
+
+}  // namespace tandem::server
