@@ -31,7 +31,8 @@ json SamplingJson(const engine::SamplingParams& s) {
           {"logit_bias", s.logit_bias},  // [[id, bias], ...]
           {"min_tokens", s.min_tokens},
           {"stop_token_ids", s.stop_token_ids},
-          {"logprobs", s.logprobs}};
+          {"logprobs", s.logprobs},
+          {"json_schema", s.json_schema}};
 }
 
 engine::SamplingParams SamplingFrom(const json& j) {
@@ -48,6 +49,7 @@ engine::SamplingParams SamplingFrom(const json& j) {
   s.min_tokens = j.value("min_tokens", 0);
   s.stop_token_ids = j.value("stop_token_ids", std::vector<int32_t>{});
   s.logprobs = j.value("logprobs", -1);
+  s.json_schema = j.value("json_schema", "");
   return s;
 }
 

@@ -15,9 +15,20 @@ int32_t Argmax(std::span<const float> logits) {
   return best;
 }
 
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
-                 std::span<const int32_t> end_tokens)
-    : params_(params), rng_(params.seed) {
+                 std::span<const int32_t> end_tokens, std::unique_ptr<TokenConstraint> constraint)
+    : params_(params), constraint_(std::move(constraint)) {
   if (params_.repetition_penalty != 1.0f) {
     prompt_tokens_.assign(prompt.begin(), prompt.end());
     std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
@@ -40,15 +51,11 @@ SampledToken Sampler::Sample(std::span<const float> logits) {
 
 void Sampler::Resume(std::span<const int32_t> generated) {
   for (int32_t t : generated) Record(t);
-  // Greedy draws nothing; otherwise each draw takes one uniform double, which is one 64-bit
-  // output of the generator (53 mantissa bits fit in one call).
-  if (params_.temperature > 0.0f && !generated.empty()) {
-    rng_.discard(static_cast<unsigned long long>(generated.size()));
-  }
 }
 
 void Sampler::Record(int32_t token) {
   ++n_generated_;
+  if (constraint_) constraint_->Accept(token);
   if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f ||
       params_.repetition_penalty != 1.0f) {
     ++output_counts_[token];
@@ -89,8 +96,31 @@ std::span<const float> Sampler::Adjust(std::span<const float> logits) {
   return adjusted_;
 }
 
+int32_t Sampler::Greedy(std::span<const float> logits) {
+  const int32_t best = Argmax(logits);
+  if (Allowed(best)) return best;
+  // In descending order (lowest id on ties): the first 64, then the rest.
+  candidates_.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    candidates_[i] = {static_cast<int32_t>(i), logits[i]};
+  }
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  const size_t head = std::min<size_t>(64, candidates_.size());
+  std::partial_sort(candidates_.begin(), candidates_.begin() + head, candidates_.end(), by_logit);
+  for (size_t i = 0; i < head; ++i) {
+    if (Allowed(candidates_[i].id)) return candidates_[i].id;
+  }
+  std::sort(candidates_.begin() + head, candidates_.end(), by_logit);
+  for (size_t i = head; i < candidates_.size(); ++i) {
+    if (Allowed(candidates_[i].id)) return candidates_[i].id;
+  }
+  return best;  // nothing is allowed (the constraint then lets only an end token through)
+}
+
 int32_t Sampler::Draw(std::span<const float> logits) {
-  if (params_.temperature <= 0.0f) return Argmax(logits);
+  if (params_.temperature <= 0.0f) return Greedy(logits);
   candidates_.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     candidates_[i] = {static_cast<int32_t>(i), logits[i]};
@@ -135,13 +165,28 @@ int32_t Sampler::Draw(std::span<const float> logits) {
     probs_[i] = std::exp((candidates_[i].logit - max_logit) / params_.temperature);
     sum += probs_[i];
   }
-  std::uniform_real_distribution<double> uniform(0.0, sum);
-  double r = uniform(rng_);
-  for (size_t i = 0; i < n; ++i) {
-    r -= probs_[i];
-    if (r < 0) return candidates_[i].id;
+  // This draw's own generator: the same seed and position give the same draw wherever it runs.
+  std::mt19937_64 rng(SplitMix64(params_.seed ^ SplitMix64(static_cast<uint64_t>(n_generated_))));
+  for (size_t tries = 0; tries < n && sum > 0; ++tries) {
+    std::uniform_real_distribution<double> uniform(0.0, sum);
+    double r = uniform(rng);
+    size_t pick = n - 1;
+    for (size_t i = 0; i < n; ++i) {
+      r -= probs_[i];
+      if (r < 0) {
+        pick = i;
+        break;
+      }
+    }
+    while (probs_[pick] == 0 && pick > 0) --pick;  // rounding at the end of the range
+    if (probs_[pick] == 0) break;
+    if (Allowed(candidates_[pick].id)) return candidates_[pick].id;
+    // Not allowed: draw again without it.
+    sum -= probs_[pick];
+    probs_[pick] = 0;
+    if (!constraint_) break;
   }
-  return candidates_[n - 1].id;
+  return Greedy(logits);
 }
 
 void Sampler::FillLogprobs(std::span<const float> raw, SampledToken* out) {

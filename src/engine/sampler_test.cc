@@ -180,5 +180,51 @@ TEST(SamplerTest, ValidateChecksTheAdjustments) {
       (SamplingParams{.logit_bias = {{4, 1.0f}}, .stop_token_ids = {0}}.ValidateTokens(5).ok()));
 }
 
+// Allows odd ids only; finished once `limit` tokens were accepted.
+class OddOnly : public TokenConstraint {
+ public:
+  explicit OddOnly(int limit, int* accepted) : limit_(limit), accepted_(accepted) {}
+  bool Allows(int32_t token) const override { return token % 2 == 1; }
+  void Accept(int32_t) override { ++*accepted_; }
+  bool Finished() const override { return *accepted_ >= limit_; }
+
+ private:
+  int limit_;
+  int* accepted_;
+};
+
+TEST(SamplerTest, ConstraintRestrictsGreedyAndSampledDraws) {
+  std::vector<float> logits(100);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::cos(0.3f * i) * 4.0f;
+  logits[42] = 50.0f;  // an even argmax far ahead of the rest
+  int accepted = 0;
+  Sampler greedy({}, {}, {}, std::make_unique<OddOnly>(3, &accepted));
+  const int32_t g = greedy.Sample(logits).token;
+  EXPECT_EQ(g % 2, 1);
+  int32_t best_odd = 1;
+  for (int32_t i = 1; i < 100; i += 2) {
+    if (logits[i] > logits[best_odd]) best_odd = i;
+  }
+  EXPECT_EQ(g, best_odd);
+  EXPECT_FALSE(greedy.ConstraintFinished());
+  greedy.Sample(logits);
+  greedy.Sample(logits);
+  EXPECT_TRUE(greedy.ConstraintFinished());
+  EXPECT_EQ(accepted, 3);
+
+  int unused = 0;
+  Sampler hot({.temperature = 1.5f, .seed = 3}, {}, {},
+              std::make_unique<OddOnly>(1 << 30, &unused));
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 3000; ++i) seen[hot.Sample(logits).token]++;
+  for (const auto& [id, count] : seen) EXPECT_EQ(id % 2, 1) << id;
+  EXPECT_GT(seen.size(), 10u);  // a distribution, not one token
+  // top_k keeping only even ids: the most likely allowed token is taken.
+  logits[40] = 49.0f;
+  Sampler narrow({.temperature = 1.0f, .top_k = 2, .seed = 1}, {}, {},
+                 std::make_unique<OddOnly>(1 << 30, &unused));
+  EXPECT_EQ(narrow.Sample(logits).token, best_odd);
+}
+
 }  // namespace
 }  // namespace tandem::engine

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct SamplingParams {
   // log-probability and that many most likely alternatives. Values are log-softmax of the raw
   // logits: before bias, penalties and temperature (vLLM's default, "raw logprobs").
   int logprobs = -1;
+  // Structured output: a JSON Schema (structured/json_schema.h) the output must be a document
+  // of; empty: none. The front door compiles it before submitting (a bad schema is a 400).
+  std::string json_schema = {};
 
   // InvalidArgument naming the bad field (negative temperature, top_p outside (0, 1], ...).
   // Token ids are checked against the vocabulary by ValidateTokens.

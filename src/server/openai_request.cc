@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "structured/json_schema.h"
+
 namespace tandem::server {
 namespace {
 
@@ -353,17 +355,47 @@ std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
     if (!v->is_string()) return WrongType("suffix", "a string", *v);
     if (!v->get<std::string>().empty()) return Unsupported("suffix", "suffix");
   }
-  if (const json* v = Field(body, "response_format")) {
-    const json* type = v->is_object() ? Field(*v, "type") : nullptr;
-    if (type == nullptr || !type->is_string()) {
-      return ApiError::BadRequest("'response_format' must be an object with a string 'type'",
-                                  "response_format");
-    }
-    if (type->get<std::string>() != "text") {
-      return Unsupported("response_format", "response_format '" + type->get<std::string>() + "'");
-    }
-  }
   (void)endpoint;
+  return std::nullopt;
+}
+
+// response_format: text (nothing), json_object (any object), json_schema (its "schema", compiled
+// here so that an unsupported one is a 400 naming the problem).
+std::optional<ApiError> ParseResponseFormat(const json& body, engine::SamplingParams* out) {
+  const json* v = Field(body, "response_format");
+  if (v == nullptr) return std::nullopt;
+  const json* type = v->is_object() ? Field(*v, "type") : nullptr;
+  if (type == nullptr || !type->is_string()) {
+    return ApiError::BadRequest("'response_format' must be an object with a string 'type'",
+                                "response_format");
+  }
+  const std::string t = type->get<std::string>();
+  if (t == "text") return std::nullopt;
+  if (t == "json_object") {
+    out->json_schema = R"({"type":"object"})";
+    return std::nullopt;
+  }
+  if (t != "json_schema") {
+    return ApiError::BadRequest(
+        "'response_format.type' must be text, json_object or json_schema, got '" + t + "'",
+        "response_format.type");
+  }
+  const json* spec = Field(*v, "json_schema");
+  if (spec == nullptr || !spec->is_object()) {
+    return ApiError::BadRequest("'response_format.json_schema' must be an object with a 'schema'",
+                                "response_format.json_schema");
+  }
+  const json* schema = Field(*spec, "schema");
+  if (schema == nullptr || !(schema->is_object() || schema->is_boolean())) {
+    return ApiError::BadRequest("'response_format.json_schema.schema' must be a JSON Schema object",
+                                "response_format.json_schema.schema");
+  }
+  out->json_schema = schema->dump();
+  if (auto compiled = structured::CompileSchema(out->json_schema); !compiled.ok()) {
+    return ApiError::BadRequest(
+        "'response_format.json_schema.schema': " + compiled.status().message(),
+        "response_format.json_schema.schema");
+  }
   return std::nullopt;
 }
 
@@ -411,6 +443,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     }
     if (auto e = RejectUnsupported(body, endpoint)) return e;
     if (auto e = ParseOutputControls(body, endpoint, limits, out)) return e;
+    if (auto e = ParseResponseFormat(body, &out->sampling)) return e;
     const int64_t choices = int64_t{out->n} * std::max<int64_t>(1, out->prompts.size());
     if (choices > kMaxChoicesPerRequest) {
       return ApiError::BadRequest("n times the number of prompts may be at most " +

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <deque>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -11,6 +12,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "serving/prefix_cache.h"
+#include "structured/token_constraint.h"
 
 namespace tandem::serving {
 namespace {
@@ -134,7 +136,8 @@ class LocalBackendImpl final : public LocalBackend {
       s.first_scheduled = s.first_token = Clock::now();
       // The prefill side drew the first token with the same params: continue its stream.
       s.sampler->Resume(std::span(&first_token, 1));
-      if (EndsGeneration(s.req, first_token, engine_->tokenizer().IsEndOfGeneration(first_token))) {
+      if (EndsGeneration(s.req, first_token, engine_->tokenizer().IsEndOfGeneration(first_token)) ||
+          s.sampler->ConstraintFinished()) {
         SetFinish(s, FinishReason::kStop);
       } else if (s.n_generated >= s.req.max_tokens) {
         SetFinish(s, FinishReason::kLength);
@@ -213,6 +216,9 @@ class LocalBackendImpl final : public LocalBackend {
   Status Validate(const GenerationRequest& request) const {
     const auto& cfg = engine_->config();
     TANDEM_RETURN_IF_ERROR(ValidateRequest(request, cfg.vocab_size, cfg.context_length));
+    if (!request.sampling.json_schema.empty()) {
+      TANDEM_RETURN_IF_ERROR(structured::CompileSchema(request.sampling.json_schema).status());
+    }
     const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
     if (kv_.BlocksFor(n_prompt + 1) > kv_.num_blocks()) {
       return OutOfRange("the prompt has " + std::to_string(n_prompt) +
@@ -229,9 +235,23 @@ class LocalBackendImpl final : public LocalBackend {
     seq->sink = std::move(sink);
     seq->tokens = seq->req.prompt_tokens;
     seq->n_prompt = static_cast<int>(seq->tokens.size());
-    seq->sampler =
-        std::make_unique<engine::Sampler>(seq->req.sampling, seq->req.prompt_tokens, end_tokens_);
+    std::unique_ptr<engine::TokenConstraint> constraint;
+    if (!seq->req.sampling.json_schema.empty()) {
+      // Validate() compiled it already; a failure here cannot happen.
+      auto schema = structured::CompileSchema(seq->req.sampling.json_schema);
+      if (schema.ok()) constraint = structured::MakeJsonConstraint(*schema, TokenTable());
+    }
+    seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling, seq->req.prompt_tokens,
+                                                     end_tokens_, std::move(constraint));
     return seq;
+  }
+
+  // Every token's bytes, for structured output (built at the first such request).
+  std::shared_ptr<const structured::TokenTable> TokenTable() const {
+    std::call_once(token_table_once_, [this] {
+      token_table_ = structured::TokenTable::FromTokenizer(engine_->tokenizer());
+    });
+    return token_table_;
   }
 
   Status CheckAcceptingLocked() const TANDEM_REQUIRES(mu_) {
@@ -661,7 +681,8 @@ class LocalBackendImpl final : public LocalBackend {
       if (s.n_generated == 1) s.first_token = Clock::now();
       if (!s.sink->OnToken(sampled)) {
         SetFinish(s, FinishReason::kCancelled, "cancelled by the client");
-      } else if (EndsGeneration(s.req, tok, engine_->tokenizer().IsEndOfGeneration(tok))) {
+      } else if (EndsGeneration(s.req, tok, engine_->tokenizer().IsEndOfGeneration(tok)) ||
+                 s.sampler->ConstraintFinished()) {
         SetFinish(s, FinishReason::kStop);
       } else if (s.n_generated >= s.req.max_tokens ||
                  static_cast<int>(s.tokens.size()) >= engine_->config().context_length) {
@@ -747,6 +768,8 @@ class LocalBackendImpl final : public LocalBackend {
   const int block_tokens_;
   PrefixCache prefix_cache_;               // loop thread only
   const std::vector<int32_t> end_tokens_;  // the model's end-of-generation ids (min_tokens)
+  mutable std::once_flag token_table_once_;
+  mutable std::shared_ptr<const structured::TokenTable> token_table_;  // set once, then read-only
   std::shared_ptr<spdlog::logger> log_;
   std::vector<float> logits_;  // loop thread only
 

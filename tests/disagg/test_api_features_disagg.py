@@ -31,6 +31,16 @@ REQUESTS = [
                               "temperature": 0, "min_tokens": 25}, False),
     ("/v1/completions", {"prompt": "1, 2, 3, 4,", "max_tokens": 12, "temperature": 0,
                          "stop_token_ids": [28], "ignore_eos": True}, True),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "A city, as JSON."}], "max_tokens": 200,
+                              "temperature": 0.8, "seed": 21, "response_format": {
+                                  "type": "json_schema", "json_schema": {"name": "city", "schema": {
+                                      "type": "object",
+                                      "properties": {"name": {"type": "string", "maxLength": 24},
+                                                     "population": {"type": "integer"},
+                                                     "sights": {"type": "array", "maxItems": 3,
+                                                                "items": {"type": "string", "maxLength": 24}}},
+                                      "required": ["name", "population", "sights"],
+                                      "additionalProperties": False}}}}, True),
 ]
 
 
@@ -126,6 +136,8 @@ class ApiFeaturesDisaggregatedEqualColocated(unittest.TestCase):
         self.assertEqual(len(expected[6][0]), 2)
         self.assertGreaterEqual(expected[8][1], 25)  # min_tokens
         self.assertEqual(expected[9][0][0]["finish"], "stop")  # stop_token_ids
+        city = json.loads(expected[10][0][0]["text"])  # structured output, sampled
+        self.assertEqual(sorted(city), ["name", "population", "sights"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,492 @@
+#include "structured/json_matcher.h"
+
+#include <utility>
+
+namespace tandem::structured {
+namespace {
+
+// Object states.
+constexpr uint8_t kObjOpen = 0;        // after '{': a key or '}'
+constexpr uint8_t kObjNeedKey = 1;     // after ',': a key
+constexpr uint8_t kObjAfterKey = 2;    // a ':'
+constexpr uint8_t kObjAfterValue = 3;  // ',' or '}'
+// Array states.
+constexpr uint8_t kArrOpen = 0;        // after '[': a value or ']'
+constexpr uint8_t kArrAfterValue = 1;  // ',' or ']'
+constexpr uint8_t kArrNeedValue = 2;   // after ',': a value
+// Number states; kNum{Zero,Int,Frac,Exp} may end the number.
+enum : uint8_t {
+  kNumStart,
+  kNumMinus,
+  kNumZero,
+  kNumInt,
+  kNumDot,
+  kNumFrac,
+  kNumE,
+  kNumESign,
+  kNumExp
+};
+// String states: kStrPlain, kStrEscape (after '\'), then 4 hex digits of \u.
+constexpr uint8_t kStrPlain = 0;
+constexpr uint8_t kStrEscape = 1;
+constexpr uint8_t kStrHex0 = 2;
+
+bool IsWhitespace(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool IsDigit(unsigned char c) { return c >= '0' && c <= '9'; }
+bool IsHex(unsigned char c) {
+  return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+int BitIndex(uint8_t kind) {
+  int i = 0;
+  while (i < 7 && kind != (1u << i)) ++i;
+  return i;
+}
+
+}  // namespace
+
+JsonMatcher::JsonMatcher(std::shared_ptr<const Schema> schema) : schema_(std::move(schema)) {
+  Frame root;
+  root.node = schema_->root;
+  stack_.push_back(root);
+}
+
+bool JsonMatcher::FeedAll(std::string_view bytes) {
+  for (char c : bytes) {
+    if (!Feed(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+bool JsonMatcher::Feed(unsigned char c) {
+  // A number or literal ends at the first byte that cannot extend it; that byte then goes to the
+  // enclosing frame (at most twice round: the frame below is structural).
+  for (int round = 0; round < 3; ++round) {
+    if (closed_) return IsWhitespace(c) && Whitespace(c);
+    Frame& f = stack_.back();
+    bool handled = true;
+    switch (f.type) {
+      case Type::kString: return StringByte(f, c);
+      case Type::kNumber:
+        if (!NumberByte(f, c, &handled)) return false;
+        if (handled) return true;
+        continue;
+      case Type::kLiteral:
+        if (!LiteralByte(f, c, &handled)) return false;
+        if (handled) return true;
+        continue;
+      default: break;
+    }
+    if (IsWhitespace(c)) return Whitespace(c);
+    ws_run_ = 0;
+    ws_newline_ = false;
+    switch (f.type) {
+      case Type::kValue: return StartValue(f, c);
+      case Type::kObject: return ObjectByte(f, c);
+      case Type::kArray: return ArrayByte(f, c);
+      default: return false;
+    }
+  }
+  return false;
+}
+
+bool JsonMatcher::Whitespace(unsigned char c) {
+  if (c == '\n' || c == '\r') {
+    if (ws_newline_) return false;
+    ws_newline_ = true;
+  }
+  return ++ws_run_ <= kMaxWhitespaceRun;
+}
+
+bool JsonMatcher::Complete() const {
+  if (closed_) return true;
+  if (stack_.size() != 1) return false;
+  const Frame& f = stack_.back();
+  if (f.type == Type::kNumber) {
+    return f.state == kNumZero || f.state == kNumInt || f.state == kNumFrac || f.state == kNumExp;
+  }
+  if (f.type == Type::kLiteral) {
+    for (const std::string& t : LiteralTexts(f)) {
+      if (t == buf_) return true;
+    }
+  }
+  return false;
+}
+
+bool JsonMatcher::StartValue(Frame& f, unsigned char c) {
+  const SchemaNode& n = node(f.node);
+  ws_run_ = 0;
+  ws_newline_ = false;
+  if (!n.enum_texts.empty()) {
+    f.type = Type::kLiteral;
+    f.literal_enum = true;
+    buf_.clear();
+    bool handled = true;
+    return LiteralByte(f, c, &handled) && handled;
+  }
+  uint8_t kind = 0;
+  if (c == '{') {
+    kind = kObject;
+  } else if (c == '[') {
+    kind = kArray;
+  } else if (c == '"') {
+    kind = kString;
+  } else if (c == '-' || IsDigit(c)) {
+    kind = (n.kinds & kNumber) ? kNumber : kInteger;
+  } else if (c == 't' || c == 'f') {
+    kind = kBoolean;
+  } else if (c == 'n') {
+    kind = kNull;
+  }
+  if (kind == 0 || !(n.kinds & kind)) return false;
+  const int branch = n.kind_node[BitIndex(kind)];
+  if (branch >= 0) {
+    f.node = branch;
+    if (!node(branch).enum_texts.empty()) return false;  // refused at compile time
+  }
+  switch (kind) {
+    case kObject:
+      f.type = Type::kObject;
+      f.state = kObjOpen;
+      f.used = 0;
+      return true;
+    case kArray:
+      f.type = Type::kArray;
+      f.state = kArrOpen;
+      f.count = 0;
+      return true;
+    case kString:
+      f.type = Type::kString;
+      f.state = kStrPlain;
+      f.count = 0;
+      f.is_key = false;
+      return true;
+    case kNumber:
+    case kInteger: {
+      f.type = Type::kNumber;
+      f.state = kNumStart;
+      f.count = 0;
+      f.literal_enum = kind == kInteger;  // reused as "integer only"
+      bool handled = true;
+      return NumberByte(f, c, &handled) && handled;
+    }
+    default: {
+      f.type = Type::kLiteral;
+      f.literal_enum = false;
+      buf_.clear();
+      bool handled = true;
+      return LiteralByte(f, c, &handled) && handled;
+    }
+  }
+}
+
+void JsonMatcher::EndValue() {
+  stack_.pop_back();
+  if (stack_.empty()) {
+    closed_ = true;
+    return;
+  }
+  Frame& parent = stack_.back();
+  parent.state = parent.type == Type::kObject ? kObjAfterValue : kArrAfterValue;
+}
+
+bool JsonMatcher::KeyAllowed(const Frame& object, std::string_view key, bool whole) const {
+  const SchemaNode& n = node(object.node);
+  bool names_used_property = false;
+  for (size_t i = 0; i < n.properties.size(); ++i) {
+    const std::string& name = n.properties[i].name;
+    const bool matches = whole ? name == key : name.compare(0, key.size(), key) == 0;
+    if (!matches) continue;
+    if (object.used & (uint64_t{1} << i)) {
+      names_used_property = names_used_property || name == key;
+      continue;
+    }
+    return true;
+  }
+  if (!n.additional_allowed) return false;
+  return !(whole && names_used_property);  // a property appears once
+}
+
+bool JsonMatcher::MoreKeysPossible(const Frame& object) const {
+  const SchemaNode& n = node(object.node);
+  if (n.additional_allowed) return true;
+  for (size_t i = 0; i < n.properties.size(); ++i) {
+    if (!(object.used & (uint64_t{1} << i))) return true;
+  }
+  return false;
+}
+
+bool JsonMatcher::RequiredDone(const Frame& object) const {
+  const SchemaNode& n = node(object.node);
+  for (size_t i = 0; i < n.properties.size(); ++i) {
+    if (n.properties[i].required && !(object.used & (uint64_t{1} << i))) return false;
+  }
+  return true;
+}
+
+bool JsonMatcher::ObjectByte(Frame& f, unsigned char c) {
+  switch (f.state) {
+    case kObjOpen:
+    case kObjNeedKey:
+      if (c == '"') {
+        if (!MoreKeysPossible(f)) return false;
+        buf_.clear();
+        Frame key;
+        key.type = Type::kString;
+        key.is_key = true;
+        stack_.push_back(key);  // f is not used after this
+        return true;
+      }
+      if (c == '}' && f.state == kObjOpen && RequiredDone(f)) {
+        EndValue();
+        return true;
+      }
+      return false;
+    case kObjAfterKey: {
+      if (c != ':') return false;
+      const SchemaNode& n = node(f.node);
+      Frame value;
+      value.node =
+          f.key_prop >= 0 ? n.properties[static_cast<size_t>(f.key_prop)].node : n.additional_node;
+      f.state = kObjAfterValue;
+      stack_.push_back(value);
+      return true;
+    }
+    case kObjAfterValue:
+      if (c == ',' && MoreKeysPossible(f)) {
+        f.state = kObjNeedKey;
+        return true;
+      }
+      if (c == '}' && RequiredDone(f)) {
+        EndValue();
+        return true;
+      }
+      return false;
+  }
+  return false;
+}
+
+bool JsonMatcher::ArrayByte(Frame& f, unsigned char c) {
+  const SchemaNode& n = node(f.node);
+  if (f.state == kArrAfterValue) {
+    if (c == ',' && (n.max_items < 0 || f.count < n.max_items)) {
+      f.state = kArrNeedValue;
+      return true;
+    }
+    if (c == ']' && f.count >= n.min_items) {
+      EndValue();
+      return true;
+    }
+    return false;
+  }
+  if (c == ']') {
+    if (f.state != kArrOpen || n.min_items > 0) return false;
+    EndValue();
+    return true;
+  }
+  if (n.max_items >= 0 && f.count >= n.max_items) return false;
+  ++f.count;
+  f.state = kArrAfterValue;
+  Frame item;
+  item.node = n.items_node;
+  stack_.push_back(item);  // f is not used after this
+  return StartValue(stack_.back(), c);
+}
+
+bool JsonMatcher::StringByte(Frame& f, unsigned char c) {
+  if (f.is_key) {
+    // Escapes only in keys that name no declared property (they are compared as written).
+    if (f.state != kStrPlain || c == '\\') {
+      const Frame& object = stack_[stack_.size() - 2];
+      if (!node(object.node).additional_allowed) return false;
+      if (buf_.size() >= static_cast<size_t>(kMaxKeyBytes)) return false;
+      if (f.state == kStrPlain) {
+        f.state = kStrEscape;
+      } else if (f.state == kStrEscape) {
+        static constexpr std::string_view kEscapes = "\"\\/bfnrt";
+        if (c == 'u') {
+          f.state = kStrHex0;
+        } else if (kEscapes.find(static_cast<char>(c)) != std::string_view::npos) {
+          f.state = kStrPlain;
+        } else {
+          return false;
+        }
+      } else {
+        if (!IsHex(c)) return false;
+        f.state = f.state == kStrHex0 + 3 ? kStrPlain : f.state + 1;
+      }
+      buf_.push_back(static_cast<char>(c));
+      return true;
+    }
+    if (c == '"') {
+      Frame& object = stack_[stack_.size() - 2];
+      if (!KeyAllowed(object, buf_, /*whole=*/true)) return false;
+      const SchemaNode& n = node(object.node);
+      object.key_prop = -1;
+      for (size_t i = 0; i < n.properties.size(); ++i) {
+        if (n.properties[i].name == buf_ && !(object.used & (uint64_t{1} << i))) {
+          object.key_prop = static_cast<int>(i);
+          object.used |= uint64_t{1} << i;
+          break;
+        }
+      }
+      object.state = kObjAfterKey;
+      stack_.pop_back();
+      return true;
+    }
+    if (c < 0x20 || buf_.size() >= static_cast<size_t>(kMaxKeyBytes)) return false;
+    buf_.push_back(static_cast<char>(c));
+    return KeyAllowed(stack_[stack_.size() - 2], buf_, /*whole=*/false);
+  }
+  const SchemaNode& n = node(f.node);
+  const bool room = n.max_length < 0 || f.count < n.max_length;
+  if (f.state == kStrEscape) {
+    if (c == 'u') {
+      f.state = kStrHex0;
+      return true;
+    }
+    static constexpr std::string_view kEscapes = "\"\\/bfnrt";
+    if (kEscapes.find(static_cast<char>(c)) == std::string_view::npos) return false;
+    f.state = kStrPlain;
+    return true;
+  }
+  if (f.state >= kStrHex0) {
+    if (!IsHex(c)) return false;
+    f.state = f.state == kStrHex0 + 3 ? kStrPlain : f.state + 1;
+    return true;
+  }
+  if (f.utf8_left > 0) {
+    if ((c & 0xC0) != 0x80) return false;
+    --f.utf8_left;
+    return true;
+  }
+  if (c == '"') {
+    if (f.count < n.min_length) return false;
+    EndValue();
+    return true;
+  }
+  if (c < 0x20 || !room) return false;
+  ++f.count;
+  if (c == '\\') {
+    f.state = kStrEscape;
+  } else if (c >= 0x80) {
+    if (c >= 0xC2 && c <= 0xDF) {
+      f.utf8_left = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      f.utf8_left = 2;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      f.utf8_left = 3;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool JsonMatcher::NumberByte(Frame& f, unsigned char c, bool* handled) {
+  *handled = true;
+  const bool integer = f.literal_enum;
+  const bool digit = IsDigit(c);
+  uint8_t next = 255;  // 255: c does not extend the number
+  switch (f.state) {
+    case kNumStart:
+      if (c == '-')
+        next = kNumMinus;
+      else if (c == '0')
+        next = kNumZero;
+      else if (digit)
+        next = kNumInt;
+      break;
+    case kNumMinus:
+      if (c == '0')
+        next = kNumZero;
+      else if (digit)
+        next = kNumInt;
+      break;
+    case kNumZero:
+      if (digit) return false;  // no leading zeros
+      if (c == '.' && !integer)
+        next = kNumDot;
+      else if ((c == 'e' || c == 'E') && !integer)
+        next = kNumE;
+      break;
+    case kNumInt:
+      if (digit)
+        next = kNumInt;
+      else if (c == '.' && !integer)
+        next = kNumDot;
+      else if ((c == 'e' || c == 'E') && !integer)
+        next = kNumE;
+      break;
+    case kNumDot:
+      if (digit) next = kNumFrac;
+      break;
+    case kNumFrac:
+      if (digit)
+        next = kNumFrac;
+      else if (c == 'e' || c == 'E')
+        next = kNumE;
+      break;
+    case kNumE:
+      if (c == '+' || c == '-')
+        next = kNumESign;
+      else if (digit)
+        next = kNumExp;
+      break;
+    case kNumESign:
+    case kNumExp:
+      if (digit) next = kNumExp;
+      break;
+  }
+  if (next != 255) {
+    if (++f.count > kMaxNumberChars) return false;
+    f.state = next;
+    return true;
+  }
+  const bool can_end =
+      f.state == kNumZero || f.state == kNumInt || f.state == kNumFrac || f.state == kNumExp;
+  if (!can_end) return false;
+  *handled = false;  // the byte belongs to the enclosing frame
+  EndValue();
+  return true;
+}
+
+std::vector<std::string> JsonMatcher::LiteralTexts(const Frame& f) const {
+  if (f.literal_enum) return node(f.node).enum_texts;
+  std::vector<std::string> texts;
+  const uint8_t kinds = node(f.node).kinds;
+  if (kinds & kBoolean) texts.insert(texts.end(), {"true", "false"});
+  if (kinds & kNull) texts.emplace_back("null");
+  return texts;
+}
+
+bool JsonMatcher::LiteralByte(Frame& f, unsigned char c, bool* handled) {
+  *handled = true;
+  const std::vector<std::string> texts = LiteralTexts(f);
+  std::string next = buf_;
+  next.push_back(static_cast<char>(c));
+  bool extends = false, whole = false, longer = false;
+  for (const std::string& t : texts) {
+    if (t.compare(0, next.size(), next) != 0 || t.size() < next.size()) continue;
+    extends = true;
+    if (t.size() == next.size()) {
+      whole = true;
+    } else {
+      longer = true;
+    }
+  }
+  if (extends) {
+    buf_ = std::move(next);
+    if (whole && !longer) EndValue();  // nothing longer could follow: done
+    return true;
+  }
+  for (const std::string& t : texts) {
+    if (t == buf_) {  // complete as it is; c is the enclosing frame's
+      *handled = false;
+      EndValue();
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace tandem::structured

@@ -1,0 +1,82 @@
+// An incremental matcher of JSON text against a compiled schema (json_schema.h): fed one byte at
+// a time, it says whether the text so far is still the prefix of some document the schema
+// allows. The sampler asks it, for candidate tokens, whether their bytes keep the output valid.
+//
+// Beyond JSON and the schema it enforces: property order free but each
+// property at most once and the required ones before '}', well-formed UTF-8 inside strings, at
+// most kMaxWhitespaceRun whitespace bytes in a row outside strings, one line break among them (a
+// small model must not pad forever; pretty-printing still fits), numbers of at most kMaxNumberChars
+// characters, escapes only in keys of objects that allow undeclared properties (keys are compared
+// with property names as written).
+//
+// Cheap to copy (a small stack and one buffer): a candidate is tried on a copy.
+// Not thread-safe; one per sequence.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "structured/json_schema.h"
+
+namespace tandem::structured {
+
+inline constexpr int kMaxWhitespaceRun = 12;  // bytes, of which one line break at most
+inline constexpr int kMaxNumberChars = 24;
+inline constexpr int kMaxKeyBytes = 256;
+inline constexpr int kMaxProperties = 64;  // per object schema (a bit mask tracks them)
+
+class JsonMatcher {
+ public:
+  explicit JsonMatcher(std::shared_ptr<const Schema> schema);
+
+  // Consumes one byte; false when the text would stop being a valid prefix (the state is then
+  // unspecified: try candidates on a copy).
+  bool Feed(unsigned char c);
+  // Feeds every byte; false at the first refused one.
+  bool FeedAll(std::string_view bytes);
+
+  // The text so far is a whole document (it may still go on, e.g. a top-level number).
+  bool Complete() const;
+  // The document is closed: nothing but whitespace may follow.
+  bool Closed() const { return closed_; }
+
+ private:
+  enum class Type : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral };
+  struct Frame {
+    Type type = Type::kValue;
+    uint8_t state = 0;
+    bool is_key = false;        // kString: an object key (bytes go to buf_)
+    bool literal_enum = false;  // kLiteral: the node's enum texts (else true/false/null)
+    int node = 0;
+    int count = 0;      // array items, string code points, number characters
+    int utf8_left = 0;  // kString: continuation bytes still expected
+    int key_prop = -1;  // kObject: the property being valued (-1: an additional one)
+    uint64_t used = 0;  // kObject: properties seen (bit per property index)
+  };
+
+  bool Whitespace(unsigned char c);  // one whitespace byte outside strings: within the limits?
+  bool StartValue(Frame& f, unsigned char c);  // f: a kValue frame, c: its first byte
+  void EndValue();                             // the top frame's value is complete: pop it
+  bool ObjectByte(Frame& f, unsigned char c);
+  bool ArrayByte(Frame& f, unsigned char c);
+  bool StringByte(Frame& f, unsigned char c);
+  bool NumberByte(Frame& f, unsigned char c, bool* handled);
+  bool LiteralByte(Frame& f, unsigned char c, bool* handled);
+  bool KeyAllowed(const Frame& object, std::string_view key, bool whole) const;
+  bool MoreKeysPossible(const Frame& object) const;
+  bool RequiredDone(const Frame& object) const;
+  std::vector<std::string> LiteralTexts(const Frame& f) const;
+  const SchemaNode& node(int i) const { return schema_->nodes[static_cast<size_t>(i)]; }
+
+  std::shared_ptr<const Schema> schema_;
+  std::vector<Frame> stack_;
+  std::string buf_;          // the key or literal being matched (only the innermost frame uses it)
+  int ws_run_ = 0;           // whitespace bytes in a row (outside strings)
+  bool ws_newline_ = false;  // the run holds a line break
+  bool closed_ = false;
+};
+
+}  // namespace tandem::structured

@@ -1,0 +1,30 @@
+// Structured output for the sampler: a JSON schema (json_schema.h) enforced token by token
+// through a JsonMatcher over each token's bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/token_constraint.h"
+#include "model/tokenizer.h"
+#include "structured/json_schema.h"
+
+namespace tandem::structured {
+
+// Every token's bytes and kind, built once per model and shared (immutable) by the sequences.
+struct TokenTable {
+  std::vector<std::string> pieces;  // id -> raw bytes
+  std::vector<uint8_t> end;         // id -> end-of-generation
+  std::vector<uint8_t> control;     // id -> control token (never part of structured output)
+
+  static std::shared_ptr<const TokenTable> FromTokenizer(const model::Tokenizer& tokenizer);
+};
+
+// A constraint that lets through the tokens whose bytes keep the output a valid prefix of a
+// document of `schema`, and the end-of-generation tokens once the document is complete.
+std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
+    std::shared_ptr<const Schema> schema, std::shared_ptr<const TokenTable> table);
+
+}  // namespace tandem::structured
