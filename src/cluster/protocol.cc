@@ -128,7 +128,8 @@ json StatsJson(const serving::BackendStats& s) {
           {"busy_seconds_decode", s.busy_seconds_decode},
           {"computed_tokens_prefill", s.computed_tokens_prefill},
           {"computed_tokens_decode", s.computed_tokens_decode},
-          {"engine_threads", s.engine_threads}};
+          {"engine_threads", s.engine_threads},
+          {"sampling_seconds", s.sampling_seconds}};
 }
 
 serving::BackendStats StatsFrom(const json& j) {
@@ -149,6 +150,7 @@ serving::BackendStats StatsFrom(const json& j) {
   s.reservations_expired = j.value("reservations_expired", int64_t{0});
   s.busy_seconds_prefill = j.value("busy_seconds_prefill", 0.0);
   s.busy_seconds_decode = j.value("busy_seconds_decode", 0.0);
+  s.sampling_seconds = j.value("sampling_seconds", 0.0);
   s.computed_tokens_prefill = j.value("computed_tokens_prefill", int64_t{0});
   s.computed_tokens_decode = j.value("computed_tokens_decode", int64_t{0});
   s.engine_threads = j.value("engine_threads", 0);

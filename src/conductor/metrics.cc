@@ -38,6 +38,7 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
   o.tokens_prefill = w.stats.backend.computed_tokens_prefill;
   o.tokens_decode = w.stats.backend.computed_tokens_decode;
   o.threads = w.stats.backend.engine_threads;
+  o.sampling_s = w.stats.backend.sampling_seconds;
   workers.push_back(o);
   if (w.healthy) {
     transfer_failures += w.stats.transfer_failures;
@@ -148,6 +149,11 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                         false,
                         {{"worker", w.name}, {"role", w.role}},
                         double(w.threads)});
+    s->extra.push_back({"tandem_worker_sampling_seconds_total",
+                        serving::kSamplingSecondsHelp,
+                        true,
+                        {{"worker", w.name}, {"role", w.role}},
+                        w.sampling_s});
   }
   auto counter = [&](const char* name, const char* help, double v) {
     s->extra.push_back({name, help, true, {}, v});

@@ -36,6 +36,7 @@ class ConductorMetrics {
       double busy_prefill_s = 0, busy_decode_s = 0;
       int64_t tokens_prefill = 0, tokens_decode = 0;
       int threads = 0;
+      double sampling_s = 0;  // cumulative seconds drawing tokens
     };
     std::vector<One> workers;
     // Sums over live workers.

@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "kernels/activations.h"
+
 namespace tandem::engine {
 
 int32_t Argmax(std::span<const float> logits) {
@@ -119,8 +121,55 @@ int32_t Sampler::Greedy(std::span<const float> logits) {
   return best;  // nothing is allowed (the constraint then lets only an end token through)
 }
 
+namespace {
+
+// An index drawn with probability weights[i] / sum (sum: their total, > 0).
+size_t DrawIndex(std::span<const float> weights, double sum, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, sum);
+  double r = uniform(rng);
+  size_t pick = weights.size() - 1;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    r -= weights[i];
+    if (r < 0) {
+      pick = i;
+      break;
+    }
+  }
+  while (weights[pick] == 0 && pick > 0) --pick;  // rounding at the end of the range
+  return pick;
+}
+
+}  // namespace
+
 int32_t Sampler::Draw(std::span<const float> logits) {
   if (params_.temperature <= 0.0f) return Greedy(logits);
+  const float max_logit = logits[Argmax(logits)];
+  const float inv_temperature = 1.0f / params_.temperature;
+  // This draw's own generator: the same seed and position give the same draw wherever it runs.
+  std::mt19937_64 rng(SplitMix64(params_.seed ^ SplitMix64(static_cast<uint64_t>(n_generated_))));
+  const bool filtered = (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < logits.size()) ||
+                        params_.top_p < 1.0f || params_.min_p > 0.0f;
+  // After a refused draw: the same weights (by token id, only kept tokens non-zero) with what the
+  // constraint refuses zeroed in one pass, and a draw again.
+  auto redraw_allowed = [&]() -> int32_t {
+    constraint_->Restrict(weights_);
+    double allowed_mass = 0;
+    for (float w : weights_) allowed_mass += w;
+    if (allowed_mass > 0) {
+      const size_t pick = DrawIndex(weights_, allowed_mass, rng);
+      if (weights_[pick] > 0) return static_cast<int32_t>(pick);
+    }
+    return Greedy(logits);  // none of the kept tokens is allowed
+  };
+  if (!filtered) {
+    // Every token is a candidate: weights straight from the logits, nothing sorted.
+    weights_.resize(logits.size());
+    const double sum =
+        kernels::ExpSum(logits.data(), max_logit, inv_temperature, weights_.data(), logits.size());
+    const size_t pick = DrawIndex(weights_, sum, rng);
+    if (Allowed(static_cast<int32_t>(pick))) return static_cast<int32_t>(pick);
+    return redraw_allowed();
+  }
   candidates_.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     candidates_[i] = {static_cast<int32_t>(i), logits[i]};
@@ -128,65 +177,65 @@ int32_t Sampler::Draw(std::span<const float> logits) {
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
+  // Only what the filters need is sorted: the vocabulary is large (49k-262k) and a full sort
+  // per token costs milliseconds.
   size_t n = candidates_.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     n = params_.top_k;
     std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
-  }
-  // Probabilities at temperature 1 for the top-p and min-p filters.
-  const float max_logit = candidates_[0].logit;
-  probs_.resize(n);
-  double total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    probs_[i] = std::exp(candidates_[i].logit - max_logit);
-    total += probs_[i];
   }
   if (params_.top_p < 1.0f) {
+    // Probabilities at temperature 1; the smallest most-likely prefix holding top_p of the mass,
+    // sorting a growing head until it does.
+    double total = 0;
+    if (n == candidates_.size()) {
+      probs_.resize(n);
+      total = kernels::ExpSum(logits.data(), max_logit, 1.0f, probs_.data(), n);
+    } else {
+      for (size_t i = 0; i < n; ++i) total += std::exp(candidates_[i].logit - max_logit);
+    }
+    const bool sorted = n < candidates_.size();  // top_k sorted the first n already
+    size_t head = sorted ? n : std::min<size_t>(n, 64);
+    size_t done = 0;
     double cumulative = 0;
-    for (size_t i = 0; i < n; ++i) {
-      cumulative += probs_[i] / total;
-      if (cumulative >= params_.top_p) {
+    while (true) {
+      if (!sorted) {
+        std::partial_sort(candidates_.begin() + done, candidates_.begin() + head,
+                          candidates_.begin() + n, by_logit);
+      }
+      size_t i = done;
+      for (; i < head; ++i) {
+        cumulative += std::exp(candidates_[i].logit - max_logit) / total;
+        if (cumulative >= params_.top_p) break;
+      }
+      if (i < head) {
         n = i + 1;
         break;
       }
+      if (head == n) break;  // the whole mass (rounding): keep everything
+      done = head;
+      head = std::min(n, head * 8);
     }
   }
   if (params_.min_p > 0.0f) {
-    // probs_[0] is the most likely candidate's unnormalised probability (= 1).
-    size_t keep = 1;
-    while (keep < n && probs_[keep] >= params_.min_p * probs_[0]) ++keep;
-    n = keep;
+    // Keep p >= min_p * p(most likely), i.e. logit >= max + log(min_p); order kept apart.
+    const float floor = max_logit + std::log(params_.min_p);
+    n = static_cast<size_t>(
+        std::stable_partition(candidates_.begin(), candidates_.begin() + n,
+                              [&](const Candidate& c) { return c.logit >= floor; }) -
+        candidates_.begin());
   }
   // Temperature, then a draw.
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    probs_[i] = std::exp((candidates_[i].logit - max_logit) / params_.temperature);
-    sum += probs_[i];
-  }
-  // This draw's own generator: the same seed and position give the same draw wherever it runs.
-  std::mt19937_64 rng(SplitMix64(params_.seed ^ SplitMix64(static_cast<uint64_t>(n_generated_))));
-  for (size_t tries = 0; tries < n && sum > 0; ++tries) {
-    std::uniform_real_distribution<double> uniform(0.0, sum);
-    double r = uniform(rng);
-    size_t pick = n - 1;
-    for (size_t i = 0; i < n; ++i) {
-      r -= probs_[i];
-      if (r < 0) {
-        pick = i;
-        break;
-      }
-    }
-    while (probs_[pick] == 0 && pick > 0) --pick;  // rounding at the end of the range
-    if (probs_[pick] == 0) break;
-    if (Allowed(candidates_[pick].id)) return candidates_[pick].id;
-    // Not allowed: draw again without it.
-    sum -= probs_[pick];
-    probs_[pick] = 0;
-    if (!constraint_) break;
-  }
-  return Greedy(logits);
+  probs_.resize(n);
+  kept_logits_.resize(n);
+  for (size_t i = 0; i < n; ++i) kept_logits_[i] = candidates_[i].logit;
+  const double sum =
+      kernels::ExpSum(kept_logits_.data(), max_logit, inv_temperature, probs_.data(), n);
+  const size_t pick = DrawIndex(std::span(probs_).first(n), sum, rng);
+  if (Allowed(candidates_[pick].id)) return candidates_[pick].id;
+  weights_.assign(logits.size(), 0.0f);
+  for (size_t i = 0; i < n; ++i) weights_[candidates_[i].id] = probs_[i];
+  return redraw_allowed();
 }
 
 void Sampler::FillLogprobs(std::span<const float> raw, SampledToken* out) {

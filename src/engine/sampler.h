@@ -76,6 +76,8 @@ class Sampler {
   std::vector<float> adjusted_;                     // scratch
   std::vector<Candidate> candidates_;               // scratch
   std::vector<float> probs_;                        // scratch
+  std::vector<float> kept_logits_;                  // scratch
+  std::vector<float> weights_;                      // scratch, by token id
 };
 
 int32_t Argmax(std::span<const float> logits);

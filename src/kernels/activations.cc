@@ -47,6 +47,19 @@ void SiluMul(float* gate, const float* up, int64_t n) {
   internal::CurrentIsa()->silu_mul(gate, up, n);
 }
 
+double ExpSumScalar(const float* x, float shift, float scale, float* out, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = std::exp((x[i] - shift) * scale);
+    sum += out[i];
+  }
+  return sum;
+}
+
+double ExpSum(const float* x, float shift, float scale, float* out, int64_t n) {
+  return internal::CurrentIsa()->exp_sum(x, shift, scale, out, n);
+}
+
 void RoundToFp16Scalar(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
 }

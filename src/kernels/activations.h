@@ -18,6 +18,12 @@ void SiluMulScalar(float* gate, const float* up, int64_t n);
 void GeluMul(float* gate, const float* up, int64_t n);
 void GeluMulScalar(float* gate, const float* up, int64_t n);
 
+// out[i] = exp((x[i] - shift) * scale) for i in [0, n); returns the sum of out (accumulated in
+// float per lane, then added in double). The softmax numerator of the sampler (shift: the
+// largest x, scale: 1 / temperature). Vector paths: relative error below 2e-7 per element.
+double ExpSum(const float* x, float shift, float scale, float* out, int64_t n);
+double ExpSumScalar(const float* x, float shift, float scale, float* out, int64_t n);
+
 // x[i] = fp32(fp16(x[i])) (round to nearest even, as common/fp16.h), for i in [0, n). Every
 // path gives identical results.
 void RoundToFp16(float* x, int64_t n);

@@ -45,4 +45,23 @@ void RoundToFp16Avx2(float* x, int64_t n) {
   RoundToFp16Scalar(x + i, n - i);
 }
 
+double ExpSumAvx2(const float* x, float shift, float scale, float* out, int64_t n) {
+  const __m256 s = _mm256_set1_ps(shift), k = _mm256_set1_ps(scale);
+  const __m256 floor = _mm256_set1_ps(-87.3f);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 y = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), s), k);
+    // Below exp's range (masked logits are -inf): exactly 0, never a tiny chance.
+    const __m256 e = _mm256_and_ps(_mm256_cmp_ps(y, floor, _CMP_GE_OQ), Exp8(y));
+    _mm256_storeu_ps(out + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  double sum = 0;
+  for (float v : lanes) sum += v;
+  return sum + ExpSumScalar(x + i, shift, scale, out + i, n - i);
+}
+
 }  // namespace tandem::kernels::internal

@@ -46,4 +46,23 @@ void RoundToFp16Avx512(float* x, int64_t n) {
   RoundToFp16Scalar(x + i, n - i);
 }
 
+double ExpSumAvx512(const float* x, float shift, float scale, float* out, int64_t n) {
+  const __m512 s = _mm512_set1_ps(shift), k = _mm512_set1_ps(scale);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 y = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), s), k);
+    // Below exp's range (masked logits are -inf): exactly 0, never a tiny chance.
+    const __m512 e =
+        _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_set1_ps(-87.3f), _CMP_GE_OQ), Exp16(y));
+    _mm512_storeu_ps(out + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  double sum = 0;
+  for (float v : lanes) sum += v;
+  return sum + ExpSumScalar(x + i, shift, scale, out + i, n - i);
+}
+
 }  // namespace tandem::kernels::internal

@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -37,6 +39,42 @@ TEST(ActivationsTest, VectorSiluMatchesScalar) {
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_NEAR(a[i], b[i], 1e-6f * std::max(1.0f, std::fabs(b[i]))) << g[i];
       }
+    }
+  }
+  if (compared == 0) GTEST_SKIP() << "no vector instruction set on this CPU";
+}
+
+// ExpSum (the sampler's softmax numerator): each element within the polynomial's 2e-7 relative
+// error of the scalar exp, the sum within the same bound plus float accumulation over lanes
+// (n * 2^-24 relative), and masked logits (-inf) give exactly 0.
+TEST(ActivationsTest, VectorExpSumMatchesScalarAndZeroesMaskedLogits) {
+  int compared = 0;
+  for (const char* isa : {"avx2", "avx512"}) {
+    ScopedIsa forced(isa);
+    if (!forced.ok()) continue;
+    ++compared;
+    SCOPED_TRACE(isa);
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-40.0f, 10.0f);
+    for (int64_t n : {1, 7, 16, 33, 49152}) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = u(rng);
+      if (n > 2) {  // masked logits (the largest stays finite)
+        x[0] = -std::numeric_limits<float>::infinity();
+        x[n / 2] = -std::numeric_limits<float>::infinity();
+      }
+      const float shift = *std::max_element(x.begin(), x.end());
+      std::vector<float> a(n), b(n);
+      const double sa = ExpSum(x.data(), shift, 1.0f / 0.7f, a.data(), n);
+      const double sb = ExpSumScalar(x.data(), shift, 1.0f / 0.7f, b.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(a[i], b[i], 3e-7f * b[i] + 1e-37f) << x[i];
+      }
+      if (n > 2) {
+        EXPECT_EQ(a[0], 0.0f);
+        EXPECT_EQ(a[n / 2], 0.0f);
+      }
+      EXPECT_NEAR(sa, sb, (3e-7 + n * 6e-8) * sb);
     }
   }
   if (compared == 0) GTEST_SKIP() << "no vector instruction set on this CPU";

@@ -412,8 +412,9 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace avx2
 
 const IsaImpl* Avx2Isa() {
-  static const IsaImpl impl{"avx2",      avx2::ActRowBytes, avx2::QuantizeAct, avx2::Gemm,
-                            SiluMulAvx2, GeluMulAvx2,       RoundToFp16Avx2,   AttendTileAvx2};
+  static const IsaImpl impl{"avx2",          avx2::ActRowBytes, avx2::QuantizeAct,
+                            avx2::Gemm,      SiluMulAvx2,       GeluMulAvx2,
+                            RoundToFp16Avx2, ExpSumAvx2,        AttendTileAvx2};
   return &impl;
 }
 

@@ -285,7 +285,7 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 const IsaImpl* Avx512Isa() {
   static const IsaImpl impl{"avx512",          avx512::ActRowBytes, avx512::QuantizeAct,
                             avx512::Gemm,      SiluMulAvx512,       GeluMulAvx512,
-                            RoundToFp16Avx512, AttendTileAvx512};
+                            RoundToFp16Avx512, ExpSumAvx512,        AttendTileAvx512};
   return &impl;
 }
 

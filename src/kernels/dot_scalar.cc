@@ -178,8 +178,9 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace
 
 const IsaImpl* ScalarIsa() {
-  static const IsaImpl impl{"scalar",      ActRowBytes,   QuantizeAct,       Gemm,
-                            SiluMulScalar, GeluMulScalar, RoundToFp16Scalar, AttendTileScalar};
+  static const IsaImpl impl{"scalar",        ActRowBytes,   QuantizeAct,       Gemm,
+                            SiluMulScalar,   GeluMulScalar, RoundToFp16Scalar, ExpSumScalar,
+                            AttendTileScalar};
   return &impl;
 }
 

@@ -35,6 +35,8 @@ struct IsaImpl {
   void (*gelu_mul)(float* gate, const float* up, int64_t n);
   // kernels/activations.h RoundToFp16.
   void (*round_to_fp16)(float* x, int64_t n);
+  // kernels/activations.h ExpSum.
+  double (*exp_sum)(const float* x, float shift, float scale, float* out, int64_t n);
   // kernels/attention.h AttendTile (falls back to the scalar path for shapes it lacks).
   void (*attend_tile)(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
@@ -64,6 +66,8 @@ void RoundToFp16Avx2(float* x, int64_t n);
 void SiluMulAvx512(float* gate, const float* up, int64_t n);
 void GeluMulAvx512(float* gate, const float* up, int64_t n);
 void RoundToFp16Avx512(float* x, int64_t n);
+double ExpSumAvx2(const float* x, float shift, float scale, float* out, int64_t n);
+double ExpSumAvx512(const float* x, float shift, float scale, float* out, int64_t n);
 // (65,536) GeLU values by fp16 bit pattern of the input, each rounded to fp16 (activations.cc).
 const float* GeluTable();
 void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,

@@ -219,6 +219,8 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
               {phase("decode"), static_cast<double>(stats.computed_tokens_decode)}});
     w.Family("tandem_worker_threads", "gauge", serving::kThreadsHelp,
              {{self, static_cast<double>(stats.engine_threads)}});
+    w.Family("tandem_worker_sampling_seconds_total", "counter", serving::kSamplingSecondsHelp,
+             {{self, stats.sampling_seconds}});
   }
   // Backend-specific families, grouped by name in first-seen order.
   std::vector<std::string> names;

@@ -90,6 +90,9 @@ inline constexpr const char* kBusySecondsHelp =
 inline constexpr const char* kComputedTokensHelp =
     "Tokens the worker's engine computed, by phase (a recomputed token counts as prefill).";
 inline constexpr const char* kThreadsHelp = "Engine threads of the worker (cores it computes on).";
+inline constexpr const char* kSamplingSecondsHelp =
+    "Wall seconds the worker spent drawing tokens from logits (penalties, logit_bias, structured "
+    "output constraints, logprobs), outside the forward passes.";
 
 // A backend-specific histogram exposed as it is in /metrics.
 struct ExtraHistogram {
@@ -124,6 +127,7 @@ struct BackendStats {
   int64_t computed_tokens_prefill = 0;
   int64_t computed_tokens_decode = 0;
   int engine_threads = 0;
+  double sampling_seconds = 0;     // cumulative, drawing tokens from logits (after the forward)
   std::vector<ExtraMetric> extra;  // samples of one name are grouped into one family
   std::vector<ExtraHistogram> extra_histograms;
 };

@@ -310,6 +310,7 @@ class LocalBackendImpl final : public LocalBackend {
     s.reservations_expired = reservations_expired_.load();
     s.busy_seconds_prefill = busy_us_prefill_.load() * 1e-6;
     s.busy_seconds_decode = busy_us_decode_.load() * 1e-6;
+    s.sampling_seconds = sampling_ns_.load() * 1e-9;
     s.computed_tokens_prefill = computed_prefill_.load();
     s.computed_tokens_decode = computed_decode_.load();
     s.engine_threads = engine_->options().threads;
@@ -660,8 +661,25 @@ class LocalBackendImpl final : public LocalBackend {
       ReapFinished();
       return;
     }
+    // Draw every sequence's token on the engine's threads (each sampler is its own sequence's;
+    // a draw reads only its row of logits), then hand them out in plan order.
     const int vocab = engine_->config().vocab_size;
-    int row = 0;
+    std::vector<Sequence*> drawing;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (items[i].want_logits) drawing.push_back(plan[i].seq);
+    }
+    std::vector<engine::SampledToken> drawn(drawing.size());
+    const Clock::time_point sample_start = Clock::now();
+    engine_->pool().ParallelFor(
+        static_cast<int64_t>(drawing.size()), [&](int64_t begin, int64_t end, int) {
+          for (int64_t r = begin; r < end; ++r) {
+            drawn[r] = drawing[r]->sampler->Sample(
+                std::span(logits_).subspan(static_cast<size_t>(r) * vocab, vocab));
+          }
+        });
+    sampling_ns_.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sample_start).count());
+    size_t row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence& s = *plan[i].seq;
       s.n_computed += plan[i].n;
@@ -672,8 +690,7 @@ class LocalBackendImpl final : public LocalBackend {
       }
       TrimWindow(s);
       if (!items[i].want_logits) continue;
-      const engine::SampledToken sampled =
-          s.sampler->Sample(std::span(logits_).subspan(static_cast<size_t>(row++) * vocab, vocab));
+      const engine::SampledToken& sampled = drawn[row++];
       const int32_t tok = sampled.token;
       s.tokens.push_back(tok);
       ++s.n_generated;
@@ -807,6 +824,7 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> reservations_expired_{0};
   std::atomic<int64_t> busy_us_prefill_{0};  // microseconds of forward passes (CountBusy)
   std::atomic<int64_t> busy_us_decode_{0};
+  std::atomic<int64_t> sampling_ns_{0};
   std::atomic<int64_t> computed_prefill_{0};
   std::atomic<int64_t> computed_decode_{0};
 

@@ -57,6 +57,15 @@ bool JsonMatcher::FeedAll(std::string_view bytes) {
   return true;
 }
 
+bool JsonMatcher::WouldAccept(std::string_view bytes, JsonMatcher* scratch) const {
+  scratch->stack_.assign(stack_.begin(), stack_.end());
+  scratch->buf_.assign(buf_);
+  scratch->ws_run_ = ws_run_;
+  scratch->ws_newline_ = ws_newline_;
+  scratch->closed_ = closed_;
+  return scratch->FeedAll(bytes);
+}
+
 bool JsonMatcher::Feed(unsigned char c) {
   // A number or literal ends at the first byte that cannot extend it; that byte then goes to the
   // enclosing frame (at most twice round: the frame below is structural).
@@ -450,18 +459,18 @@ bool JsonMatcher::NumberByte(Frame& f, unsigned char c, bool* handled) {
   return true;
 }
 
-std::vector<std::string> JsonMatcher::LiteralTexts(const Frame& f) const {
+const std::vector<std::string>& JsonMatcher::LiteralTexts(const Frame& f) const {
   if (f.literal_enum) return node(f.node).enum_texts;
-  std::vector<std::string> texts;
+  static const std::vector<std::string> kNone, kBoolean_ = {"true", "false"}, kNull_ = {"null"},
+                                               kBoth = {"true", "false", "null"};
   const uint8_t kinds = node(f.node).kinds;
-  if (kinds & kBoolean) texts.insert(texts.end(), {"true", "false"});
-  if (kinds & kNull) texts.emplace_back("null");
-  return texts;
+  const bool b = kinds & kBoolean, n = kinds & kNull;
+  return b && n ? kBoth : b ? kBoolean_ : n ? kNull_ : kNone;
 }
 
 bool JsonMatcher::LiteralByte(Frame& f, unsigned char c, bool* handled) {
   *handled = true;
-  const std::vector<std::string> texts = LiteralTexts(f);
+  const std::vector<std::string>& texts = LiteralTexts(f);
   std::string next = buf_;
   next.push_back(static_cast<char>(c));
   bool extends = false, whole = false, longer = false;

@@ -37,6 +37,9 @@ class JsonMatcher {
   bool Feed(unsigned char c);
   // Feeds every byte; false at the first refused one.
   bool FeedAll(std::string_view bytes);
+  // Whether FeedAll(bytes) would succeed, tried on `scratch` (a matcher of the same schema whose
+  // state is overwritten; its buffers are reused, so a trial allocates nothing once warm).
+  bool WouldAccept(std::string_view bytes, JsonMatcher* scratch) const;
 
   // The text so far is a whole document (it may still go on, e.g. a top-level number).
   bool Complete() const;
@@ -68,7 +71,7 @@ class JsonMatcher {
   bool KeyAllowed(const Frame& object, std::string_view key, bool whole) const;
   bool MoreKeysPossible(const Frame& object) const;
   bool RequiredDone(const Frame& object) const;
-  std::vector<std::string> LiteralTexts(const Frame& f) const;
+  const std::vector<std::string>& LiteralTexts(const Frame& f) const;
   const SchemaNode& node(int i) const { return schema_->nodes[static_cast<size_t>(i)]; }
 
   std::shared_ptr<const Schema> schema_;

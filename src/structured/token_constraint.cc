@@ -1,5 +1,8 @@
 #include "structured/token_constraint.h"
 
+#include <algorithm>
+#include <bitset>
+
 #include "structured/json_matcher.h"
 
 namespace tandem::structured {
@@ -8,21 +11,48 @@ namespace {
 class JsonConstraint final : public engine::TokenConstraint {
  public:
   JsonConstraint(std::shared_ptr<const Schema> schema, std::shared_ptr<const TokenTable> table)
-      : table_(std::move(table)), matcher_(std::move(schema)) {}
+      : table_(std::move(table)), matcher_(schema), scratch_(schema) {}
 
   bool Allows(int32_t token) const override {
-    if (token < 0 || static_cast<size_t>(token) >= table_->pieces.size()) return false;
-    if (table_->end[token]) return broken_ || matcher_.Complete();
-    if (broken_ || matcher_.Closed() || table_->control[token]) return false;
-    const std::string& piece = table_->pieces[token];
-    if (piece.empty()) return false;
-    JsonMatcher trial = matcher_;
-    return trial.FeedAll(piece);
+    if (token < 0 || static_cast<size_t>(token) >= table_->first_byte.size()) return false;
+    const int16_t first = table_->first_byte[token];
+    if (first == TokenTable::kEndToken) return broken_ || matcher_.Complete();
+    if (first == TokenTable::kNeverToken || broken_ || matcher_.Closed()) return false;
+    EnsureFirstBytes();
+    if (!first_bytes_[first]) return false;
+    if (table_->single_byte[token]) return true;
+    return matcher_.WouldAccept(table_->pieces[token], &scratch_);
+  }
+
+  void Restrict(std::span<float> weights) const override {
+    const size_t n = std::min(weights.size(), table_->first_byte.size());
+    for (size_t t = n; t < weights.size(); ++t) weights[t] = 0;
+    if (broken_ || matcher_.Closed()) {
+      for (size_t t = 0; t < n; ++t) {
+        if (table_->first_byte[t] != TokenTable::kEndToken) weights[t] = 0;
+      }
+      return;
+    }
+    EnsureFirstBytes();
+    const bool end_ok = matcher_.Complete();
+    const int16_t* first = table_->first_byte.data();
+    for (size_t t = 0; t < n; ++t) {
+      if (weights[t] == 0) continue;
+      const int16_t f = first[t];
+      if (f == TokenTable::kEndToken) {
+        if (!end_ok) weights[t] = 0;
+      } else if (f == TokenTable::kNeverToken || !first_bytes_[f]) {
+        weights[t] = 0;
+      } else if (!table_->single_byte[t] && !matcher_.WouldAccept(table_->pieces[t], &scratch_)) {
+        weights[t] = 0;
+      }
+    }
   }
 
   void Accept(int32_t token) override {
     if (token < 0 || static_cast<size_t>(token) >= table_->pieces.size()) return;
     if (table_->end[token]) return;
+    first_bytes_ready_ = false;
     // A token that does not fit (resumed from elsewhere) leaves only the end open.
     if (broken_ || !matcher_.FeedAll(table_->pieces[token])) broken_ = true;
   }
@@ -30,9 +60,24 @@ class JsonConstraint final : public engine::TokenConstraint {
   bool Finished() const override { return matcher_.Closed(); }
 
  private:
+  // Most states allow few first bytes: a table of them (256 trials, once per position) turns
+  // most refusals into a lookup.
+  void EnsureFirstBytes() const {
+    if (first_bytes_ready_) return;
+    for (int b = 0; b < 256; ++b) {
+      const char c = static_cast<char>(b);
+      first_bytes_[b] = matcher_.WouldAccept(std::string_view(&c, 1), &scratch_);
+    }
+    first_bytes_ready_ = true;
+  }
+
   std::shared_ptr<const TokenTable> table_;
   JsonMatcher matcher_;
+  mutable JsonMatcher scratch_;  // trials of candidate tokens
   bool broken_ = false;
+  // Which bytes may come next (a cache of Allows, rebuilt after each accepted token).
+  mutable std::bitset<256> first_bytes_;
+  mutable bool first_bytes_ready_ = false;
 };
 
 }  // namespace
@@ -43,10 +88,20 @@ std::shared_ptr<const TokenTable> TokenTable::FromTokenizer(const model::Tokeniz
   t->pieces.resize(n);
   t->end.resize(n);
   t->control.resize(n);
+  t->first_byte.resize(n);
+  t->single_byte.resize(n);
   for (int32_t id = 0; id < n; ++id) {
-    t->pieces[id] = tokenizer.TokenToPiece(id);
+    const std::string& piece = t->pieces[id] = tokenizer.TokenToPiece(id);
     t->end[id] = tokenizer.IsEndOfGeneration(id) ? 1 : 0;
     t->control[id] = tokenizer.IsControl(id) ? 1 : 0;
+    if (t->end[id]) {
+      t->first_byte[id] = kEndToken;
+    } else if (t->control[id] || piece.empty()) {
+      t->first_byte[id] = kNeverToken;
+    } else {
+      t->first_byte[id] = static_cast<unsigned char>(piece[0]);
+    }
+    t->single_byte[id] = piece.size() == 1 ? 1 : 0;
   }
   return t;
 }

@@ -18,6 +18,12 @@ struct TokenTable {
   std::vector<std::string> pieces;  // id -> raw bytes
   std::vector<uint8_t> end;         // id -> end-of-generation
   std::vector<uint8_t> control;     // id -> control token (never part of structured output)
+  // Compact, for the scans over the vocabulary: the first byte of an ordinary token's piece, or
+  // kEndToken / kNeverToken; and whether its piece is that one byte.
+  static constexpr int16_t kEndToken = -1;
+  static constexpr int16_t kNeverToken = -2;  // control tokens, empty pieces
+  std::vector<int16_t> first_byte;
+  std::vector<uint8_t> single_byte;
 
   static std::shared_ptr<const TokenTable> FromTokenizer(const model::Tokenizer& tokenizer);
 };

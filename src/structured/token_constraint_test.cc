@@ -1,0 +1,65 @@
+// The token-level constraint with the real SmolLM2 vocabulary: Restrict (one pass over the
+// vocabulary) agrees with Allows token by token, and greedy decoding of a fixed token preference
+// under the constraint yields a document the schema accepts.
+#include "structured/token_constraint.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer_test_util.h"
+
+namespace tandem::structured {
+namespace {
+
+class TokenConstraintTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = model::Tokenizer::Create(model::testing_util::SmolLm2Vocab());
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    tokenizer_ = std::move(*tok);
+    table_ = TokenTable::FromTokenizer(*tokenizer_);
+  }
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::shared_ptr<const TokenTable> table_;
+};
+
+TEST_F(TokenConstraintTest, RestrictAgreesWithAllowsAlongADocument) {
+  auto schema = CompileSchema(R"({"type":"object","properties":{"name":{"type":"string"},
+      "n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["name","n"],
+      "additionalProperties":false})");
+  ASSERT_TRUE(schema.ok());
+  auto c = MakeJsonConstraint(*schema, table_);
+  const std::vector<int32_t> doc =
+      tokenizer_->Encode(R"({"name": "Ann", "n": 12, "ok": true})", false, false);
+  const size_t vocab = table_->pieces.size();
+  for (size_t step = 0; step <= doc.size(); ++step) {
+    std::vector<float> weights(vocab, 1.0f);
+    c->Restrict(weights);
+    size_t allowed = 0;
+    for (size_t t = 0; t < vocab; ++t) {
+      ASSERT_EQ(weights[t] != 0, c->Allows(static_cast<int32_t>(t)))
+          << "step " << step << " token " << t << " '" << table_->pieces[t] << "'";
+      allowed += weights[t] != 0;
+    }
+    EXPECT_GT(allowed, 0u) << step;
+    if (step == doc.size()) break;
+    ASSERT_TRUE(c->Allows(doc[step])) << step << " '" << table_->pieces[doc[step]] << "'";
+    c->Accept(doc[step]);
+  }
+  EXPECT_TRUE(c->Finished());
+  EXPECT_TRUE(c->Allows(tokenizer_->eos_id()));
+}
+
+TEST_F(TokenConstraintTest, EndTokensOnlyOnceComplete) {
+  auto c = MakeJsonConstraint(AnyObjectSchema(), table_);
+  const int32_t eos = tokenizer_->eos_id();
+  EXPECT_FALSE(c->Allows(eos));
+  for (int32_t t : tokenizer_->Encode("{}", false, false)) c->Accept(t);
+  EXPECT_TRUE(c->Allows(eos));
+  EXPECT_TRUE(c->Finished());
+  EXPECT_FALSE(c->Allows(tokenizer_->Encode("x", false, false)[0]));
+}
+
+}  // namespace
+}  // namespace tandem::structured
