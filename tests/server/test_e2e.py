@@ -121,8 +121,8 @@ class OpenAiSdkTest(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError):
             c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
         with self.assertRaises(openai.BadRequestError) as cm:
-            c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], n=2)
-        self.assertIn("n > 1", str(cm.exception))
+            c.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], n=100)
+        self.assertIn("'n' must be between 1 and 16", str(cm.exception))
 
 
 class CurlTest(unittest.TestCase):
@@ -214,7 +214,7 @@ BAD_INPUTS = [
     ("model wrong type", "/v1/completions", b'{"model": 3, "prompt": "hi"}', 400),
     ("missing prompt", "/v1/completions", b'{"max_tokens": 4}', 400),
     ("prompt wrong type", "/v1/completions", b'{"prompt": {"a": 1}}', 400),
-    ("two prompts", "/v1/completions", b'{"prompt": ["a", "b"]}', 400),
+    ("too many prompts", "/v1/completions", json.dumps({"prompt": ["a"] * 17}).encode(), 400),
     ("token id out of vocab", "/v1/completions", b'{"prompt": [1, 99999999]}', 400),
     ("negative token id", "/v1/completions", b'{"prompt": [1, -1]}', 400),
     ("huge max_tokens", "/v1/completions", b'{"prompt": "hi", "max_tokens": 1000000000}', 400),
@@ -228,14 +228,17 @@ BAD_INPUTS = [
     ("top_k negative", "/v1/completions", b'{"prompt": "hi", "top_k": -7}', 400),
     ("min_p above one", "/v1/completions", b'{"prompt": "hi", "min_p": 1.5}', 400),
     ("seed float", "/v1/completions", b'{"prompt": "hi", "seed": 1.5}', 400),
-    ("n = 2", "/v1/completions", b'{"prompt": "hi", "n": 2}', 400),
+    ("n = 17", "/v1/completions", b'{"prompt": "hi", "n": 17}', 400),
     ("five stops", "/v1/completions", b'{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}', 400),
     ("stop wrong type", "/v1/completions", b'{"prompt": "hi", "stop": 3}', 400),
     ("stream not bool", "/v1/completions", b'{"prompt": "hi", "stream": "yes"}', 400),
     ("stream_options without stream", "/v1/completions",
      b'{"prompt": "hi", "stream_options": {"include_usage": true}}', 400),
-    ("logprobs", "/v1/chat/completions",
-     b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', 400),
+    ("top_logprobs over 20", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}', 400),
+    ("unsupported schema keyword", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
+     b'"json_schema": {"name": "x", "schema": {"type": "string", "format": "email", "pattern": "@"}}}}', 400),
     ("deep nesting", "/v1/completions", b"[" * 100000, 400),
     ("prompt longer than context", "/v1/completions",
      json.dumps({"prompt": "word " * 5000}).encode(), 400),
