@@ -32,7 +32,8 @@ json SamplingJson(const engine::SamplingParams& s) {
           {"min_tokens", s.min_tokens},
           {"stop_token_ids", s.stop_token_ids},
           {"logprobs", s.logprobs},
-          {"json_schema", s.json_schema}};
+          {"json_schema", s.json_schema},
+          {"tool_mode", static_cast<int>(s.tool_mode)}};
 }
 
 engine::SamplingParams SamplingFrom(const json& j) {
@@ -50,6 +51,10 @@ engine::SamplingParams SamplingFrom(const json& j) {
   s.stop_token_ids = j.value("stop_token_ids", std::vector<int32_t>{});
   s.logprobs = j.value("logprobs", -1);
   s.json_schema = j.value("json_schema", "");
+  const int tool_mode = j.value("tool_mode", 0);
+  s.tool_mode = tool_mode == 2   ? engine::SamplingParams::ToolMode::kRequired
+                : tool_mode == 1 ? engine::SamplingParams::ToolMode::kAuto
+                                 : engine::SamplingParams::ToolMode::kNone;
   return s;
 }
 

@@ -46,6 +46,10 @@ struct SamplingParams {
   // Structured output: a JSON Schema (structured/json_schema.h) the output must be a document
   // of; empty: none. The front door compiles it before submitting (a bad schema is a 400).
   std::string json_schema = {};
+  // Tool calls (structured/tool_call.h): json_schema is then the schema of one call, and the
+  // answer is a call inside the tool-call tags (kRequired) or either that or a message (kAuto).
+  enum class ToolMode { kNone, kAuto, kRequired };
+  ToolMode tool_mode = ToolMode::kNone;
 
   // InvalidArgument naming the bad field (negative temperature, top_p outside (0, 1], ...).
   // Token ids are checked against the vocabulary by ValidateTokens.

@@ -1,6 +1,8 @@
 #include "server/choices.h"
 
 #include "server/http_util.h"
+#include "server/openai_tools.h"
+#include "structured/tool_call.h"
 
 namespace tandem::server {
 
@@ -96,11 +98,40 @@ ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeo
   std::vector<Choice> choices;
   choices.reserve(runs_.size());
   for (ChoiceRun& run : runs_) {
-    choices.push_back({run.index, std::move(run.text), serving::FinishReasonName(run.info.reason),
-                       std::move(run.logprobs)});
+    std::optional<ToolCallOut> call = CallOf(run);
+    Choice c{run.index, std::move(run.text), serving::FinishReasonName(run.info.reason),
+             std::move(run.logprobs), std::move(call)};
+    if (c.tool_call) {
+      c.text.clear();
+      c.finish_reason = "tool_calls";
+    }
+    choices.push_back(std::move(c));
   }
   out.body = CompletionBody(ctx_, choices, TotalUsage());
   return out;
+}
+
+std::optional<ToolCallOut> ChoiceSet::CallOf(const ChoiceRun& run) const {
+  if (!ctx_.tools || run.info.reason != FinishReason::kStop) return std::nullopt;
+  auto call = structured::ParseToolCall(run.text);
+  if (!call) return std::nullopt;
+  return ToolCallOut{NewToolCallId(), call->name, call->arguments_json};
+}
+
+bool ChoiceSet::SendToolModeText(ChoiceRun& run, RequestSink::Taken& t,
+                                 const std::function<bool(const std::string&)>& send) {
+  if (run.message) return SendNews(run, t, send);
+  run.held += t.text;
+  run.text += t.text;
+  if (structured::MayBeToolCall(run.held)) {
+    // Still possibly a call: hold the text, send only the logprobs.
+    t.text.clear();
+    return SendNews(run, t, send);
+  }
+  run.message = true;
+  t.text = std::move(run.held);
+  run.held.clear();
+  return SendNews(run, t, send);
 }
 
 bool ChoiceSet::SendNews(ChoiceRun& run, RequestSink::Taken& t,
@@ -136,10 +167,20 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
     RequestSink::Taken t =
         run.sink->Wait(runs_.size() == 1 ? Clock::duration(poll) : Clock::duration::zero());
     news = news || !t.text.empty() || !t.logprobs.empty() || t.finished;
-    if (!SendNews(run, t, send)) return false;
+    if (!(ctx_.tools ? SendToolModeText(run, t, send) : SendNews(run, t, send))) return false;
     if (!t.finished) continue;
     run.done = true;
     run.info = t.info;
+    if (ctx_.tools && !run.message && Succeeded(run.info)) {
+      // The held answer: a call, or (cut short, or not a call after all) content.
+      if (auto call = CallOf(run)) {
+        if (!send(SseEvent(ToolCallChunk(ctx_, *call, run.index)))) return false;
+        if (!send(SseEvent(FinishChunk(ctx_, "tool_calls", run.index)))) return false;
+        continue;
+      }
+      if (!run.held.empty() && !send(SseEvent(TextChunk(ctx_, run.held, run.index)))) return false;
+      run.held.clear();
+    }
     if (!Succeeded(run.info)) {
       // One failed choice fails the response: the error event, then the end.
       CancelAll();

@@ -35,6 +35,10 @@ struct ChoiceRun {
   std::vector<TokenLogprobs> logprobs;
   int64_t text_offset = 0;  // bytes of the choice's text already sent (streaming)
   bool started = false;     // streaming: the role chunk / echo went out
+  // Tool mode, streaming: text held back while the answer may still be a call; `message` once
+  // it cannot be one (the held text went out as content).
+  std::string held;
+  bool message = false;
   bool done = false;
   serving::FinishInfo info;
 };
@@ -76,6 +80,11 @@ class ChoiceSet {
 
  private:
   Usage TotalUsage() const;
+  // Tool mode: the call a finished answer makes, if it is one.
+  std::optional<ToolCallOut> CallOf(const ChoiceRun& run) const;
+  // Tool mode, streaming: sends text that can no longer be a call; keeps the rest in run.held.
+  bool SendToolModeText(ChoiceRun& run, RequestSink::Taken& t,
+                        const std::function<bool(const std::string&)>& send);
   bool SendNews(ChoiceRun& run, RequestSink::Taken& t,
                 const std::function<bool(const std::string&)>& send);
 

@@ -349,7 +349,8 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
                       static_cast<int64_t>(std::time(nullptr)),
                       parsed.model,
                       parsed.include_usage,
-                      parsed.sampling.logprobs >= 0};
+                      parsed.sampling.logprobs >= 0,
+                      parsed.sampling.tool_mode != engine::SamplingParams::ToolMode::kNone};
   auto choices = std::make_shared<ChoiceSet>(ctx, std::move(runs), parsed.n, doorbell);
   const Status st = choices->Submit(backend_, deadline);
   if (!st.ok()) {

@@ -1,6 +1,7 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -8,7 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "server/openai_tools.h"
 #include "structured/json_schema.h"
+#include "structured/tool_call.h"
 
 namespace tandem::server {
 namespace {
@@ -133,10 +136,10 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     if (!role->is_string()) return WrongType(where + ".role", "a string", *role);
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";
-    if (r != "system" && r != "user" && r != "assistant") {
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool") {
       return ApiError::BadRequest("'" + where +
                                       ".role' must be one of system, developer, user, "
-                                      "assistant; got '" +
+                                      "assistant, tool; got '" +
                                       role->get<std::string>() + "'",
                                   where + ".role");
     }
@@ -171,8 +174,36 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     } else {
       return WrongType(where + ".content", "a string or an array of content parts", *content);
     }
-    if (Field(m, "tool_calls") != nullptr)
-      return Unsupported(where + ".tool_calls", "tool calling");
+    if (const json* calls = Field(m, "tool_calls")) {
+      if (r != "assistant") {
+        return ApiError::BadRequest("'" + where + ".tool_calls' is for assistant messages",
+                                    where + ".tool_calls");
+      }
+      if (!calls->is_array()) return WrongType(where + ".tool_calls", "an array", *calls);
+      for (size_t k = 0; k < calls->size(); ++k) {
+        const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
+        const json& call = (*calls)[k];
+        const json* fn = call.is_object() ? Field(call, "function") : nullptr;
+        const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+        const json* args = fn != nullptr && fn->is_object() ? Field(*fn, "arguments") : nullptr;
+        if (name == nullptr || !name->is_string()) {
+          return ApiError::BadRequest("'" + cw + ".function.name' must be a string",
+                                      cw + ".function.name");
+        }
+        json args_value = json::object();
+        if (args != nullptr) {
+          if (!args->is_string()) return WrongType(cw + ".function.arguments", "a string", *args);
+          args_value = json::parse(args->get<std::string>(), nullptr, false);
+          if (args_value.is_discarded() || !args_value.is_object()) {
+            return ApiError::BadRequest(
+                "'" + cw + ".function.arguments' must be a JSON object in a string",
+                cw + ".function.arguments");
+          }
+        }
+        text += RenderToolCall(name->get<std::string>(), args_value.dump());
+      }
+    }
+    if (r == "tool") text = RenderToolResult(text);
     out->push_back({std::move(r), std::move(text)});
   }
   return std::nullopt;
@@ -343,14 +374,127 @@ uint64_t RandomSeed() {
   return rng();
 }
 
-// Features we do not implement: refused unless absent, null or at their neutral value.
-std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
-  for (const char* key : {"tools", "functions"}) {
-    if (const json* v = Field(body, key)) {
-      if (!v->is_array()) return WrongType(key, "an array", *v);
-      if (!v->empty()) return Unsupported(key, "tool calling");
+// tools, tool_choice, parallel_tool_calls (chat). Sets out->tools (the tools offered, empty
+// under tool_choice "none") and, for a call, sampling.json_schema / tool_mode.
+std::optional<ApiError> ParseTools(const json& body, Endpoint endpoint, ParsedRequest* out) {
+  if (const json* v = Field(body, "functions")) {
+    if (!v->is_array()) return WrongType("functions", "an array", *v);
+    if (!v->empty()) return Unsupported("functions", "the deprecated 'functions' (use 'tools')");
+  }
+  const json* tools = Field(body, "tools");
+  const json* choice = Field(body, "tool_choice");
+  if (tools == nullptr || (tools->is_array() && tools->empty())) {
+    if (choice != nullptr && !(choice->is_string() && choice->get<std::string>() == "none")) {
+      return ApiError::BadRequest("'tool_choice' needs 'tools'", "tool_choice");
+    }
+    return std::nullopt;
+  }
+  if (!tools->is_array()) return WrongType("tools", "an array", *tools);
+  if (endpoint != Endpoint::kChatCompletions)
+    return Unsupported("tools", "tools on /v1/completions");
+  if (tools->size() > 128)
+    return ApiError::BadRequest("'tools' may hold at most 128 tools", "tools");
+  std::vector<ToolDefinition> defs;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    const json& t = (*tools)[i];
+    const json* type = t.is_object() ? Field(t, "type") : nullptr;
+    if (type == nullptr || !type->is_string() || type->get<std::string>() != "function") {
+      return ApiError::BadRequest("'" + where + ".type' must be \"function\"", where + ".type");
+    }
+    const json* fn = Field(t, "function");
+    if (fn == nullptr || !fn->is_object()) {
+      return ApiError::BadRequest("'" + where + ".function' must be an object",
+                                  where + ".function");
+    }
+    const json* name = Field(*fn, "name");
+    const bool name_ok =
+        name != nullptr && name->is_string() && !name->get<std::string>().empty() &&
+        name->get<std::string>().size() <= 64 &&
+        std::all_of(name->get_ref<const std::string&>().begin(),
+                    name->get_ref<const std::string&>().end(), [](char c) {
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+                    });
+    if (!name_ok) {
+      return ApiError::BadRequest(
+          "'" + where + ".function.name' must be 1-64 letters, digits, '_' or '-'",
+          where + ".function.name");
+    }
+    ToolDefinition d;
+    d.name = name->get<std::string>();
+    for (const auto& other : defs) {
+      if (other.name == d.name) {
+        return ApiError::BadRequest("'tools' names '" + d.name + "' twice", "tools");
+      }
+    }
+    if (const json* desc = Field(*fn, "description")) {
+      if (!desc->is_string()) return WrongType(where + ".function.description", "a string", *desc);
+      d.description = desc->get<std::string>();
+    }
+    json params = {{"type", "object"}, {"properties", json::object()}};
+    if (const json* p = Field(*fn, "parameters")) {
+      if (!p->is_object()) return WrongType(where + ".function.parameters", "an object", *p);
+      params = *p;
+    }
+    d.parameters_json = params.dump();
+    if (auto compiled = structured::CompileSchema(d.parameters_json); !compiled.ok()) {
+      return ApiError::BadRequest(
+          "'" + where + ".function.parameters': " + compiled.status().message(),
+          where + ".function.parameters");
+    }
+    defs.push_back(std::move(d));
+  }
+  using ToolMode = engine::SamplingParams::ToolMode;
+  ToolMode mode = ToolMode::kAuto;
+  std::vector<ToolDefinition> callable = defs;
+  if (choice != nullptr) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "none") return std::nullopt;  // no tools offered, a plain answer
+      if (c == "required") {
+        mode = ToolMode::kRequired;
+      } else if (c != "auto") {
+        return ApiError::BadRequest(
+            "'tool_choice' must be none, auto, required or {\"type\": \"function\", ...}",
+            "tool_choice");
+      }
+    } else if (choice->is_object()) {
+      const json* fn = Field(*choice, "function");
+      const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+      if (name == nullptr || !name->is_string()) {
+        return ApiError::BadRequest("'tool_choice.function.name' must be a string",
+                                    "tool_choice.function.name");
+      }
+      callable.clear();
+      for (const auto& d : defs) {
+        if (d.name == name->get<std::string>()) callable.push_back(d);
+      }
+      if (callable.empty()) {
+        return ApiError::BadRequest(
+            "'tool_choice' names '" + name->get<std::string>() + "', which 'tools' does not list",
+            "tool_choice.function.name");
+      }
+      mode = ToolMode::kRequired;
+    } else {
+      return WrongType("tool_choice", "a string or an object", *choice);
     }
   }
+  bool parallel = true;
+  if (auto e = GetBool(body, "parallel_tool_calls", &parallel)) return e;
+  if (!out->sampling.json_schema.empty()) {
+    return ApiError::BadRequest("'response_format' and 'tools' cannot be combined",
+                                "response_format");
+  }
+  std::vector<structured::ToolSpec> specs;
+  for (const auto& d : callable) specs.push_back({d.name, d.parameters_json});
+  out->sampling.json_schema = structured::ToolCallSchema(specs);
+  out->sampling.tool_mode = mode;
+  out->tools = std::move(defs);
+  return std::nullopt;
+}
+
+// Features we do not implement: refused unless absent, null or at their neutral value.
+std::optional<ApiError> RejectUnsupported(const json& body, Endpoint endpoint) {
   if (const json* v = Field(body, "suffix")) {
     if (!v->is_string()) return WrongType("suffix", "a string", *v);
     if (!v->get<std::string>().empty()) return Unsupported("suffix", "suffix");
@@ -444,6 +588,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     if (auto e = RejectUnsupported(body, endpoint)) return e;
     if (auto e = ParseOutputControls(body, endpoint, limits, out)) return e;
     if (auto e = ParseResponseFormat(body, &out->sampling)) return e;
+    if (auto e = ParseTools(body, endpoint, out)) return e;
     const int64_t choices = int64_t{out->n} * std::max<int64_t>(1, out->prompts.size());
     if (choices > kMaxChoicesPerRequest) {
       return ApiError::BadRequest("n times the number of prompts may be at most " +
@@ -536,7 +681,8 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
                                       "); use /v1/completions with a formatted prompt instead",
                                   "messages");
     }
-    const std::string text = chat_template->Apply(request.messages, /*add_generation_prompt=*/true);
+    const std::string text = chat_template->Apply(WithToolsOffered(request.messages, request.tools),
+                                                  /*add_generation_prompt=*/true);
     *prompt_tokens = tokenizer.Encode(text, tokenizer.add_bos(), /*parse_special=*/true);
   } else if (prompt_index >= request.prompts.size()) {
     return ApiError::BadRequest("'prompt' is required", "prompt");

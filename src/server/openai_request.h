@@ -34,6 +34,13 @@ struct ProtocolLimits {
 // Most choices (n) times prompts one request may ask for.
 inline constexpr int kMaxChoicesPerRequest = 64;
 
+// A function the model may call (chat "tools").
+struct ToolDefinition {
+  std::string name;
+  std::string description;
+  std::string parameters_json;  // a JSON Schema (compiled at parse time: supported)
+};
+
 // One prompt of a completions request: text, or token ids (non-empty then).
 struct CompletionPrompt {
   std::string text;
@@ -49,9 +56,12 @@ struct ParsedRequest {
   // Temperature, filters, penalties, logit_bias, min_tokens, stop_token_ids, logprobs (chat:
   // top_logprobs when logprobs is true; completions: logprobs), seed (random when absent).
   engine::SamplingParams sampling;
-  bool seeded = false;            // the request gave `seed`
-  int n = 1;                      // choices per prompt; choice i draws with seed + i
-  bool echo = false;              // completions: the prompt text precedes the output
+  bool seeded = false;  // the request gave `seed`
+  int n = 1;            // choices per prompt; choice i draws with seed + i
+  bool echo = false;    // completions: the prompt text precedes the output
+  // Chat: the tools offered to the model (rendered into the prompt; none under tool_choice
+  // "none"). With tools, sampling.tool_mode says whether the answer must be a call.
+  std::vector<ToolDefinition> tools;
   std::vector<std::string> stop;  // at most 4, none empty
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

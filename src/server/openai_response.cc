@@ -32,6 +32,12 @@ json Envelope(const ResponseContext& ctx, bool chunk) {
   return j;
 }
 
+json ToolCallJson(const ToolCallOut& call) {
+  return {{"id", call.id},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
 json FinishValue(const std::string& finish_reason) {
   return finish_reason.empty() ? json(nullptr) : json(finish_reason);
 }
@@ -160,7 +166,11 @@ std::string CompletionBody(const ResponseContext& ctx, std::span<const Choice> c
   j["choices"] = json::array();
   for (const Choice& c : choices) {
     json choice = {{"index", c.index}};
-    if (IsChat(ctx)) {
+    if (IsChat(ctx) && c.tool_call) {
+      choice["message"] = {{"role", "assistant"},
+                           {"content", nullptr},
+                           {"tool_calls", json::array({ToolCallJson(*c.tool_call)})}};
+    } else if (IsChat(ctx)) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       choice["text"] = c.text;
@@ -187,6 +197,12 @@ std::string TextChunk(const ResponseContext& ctx, const std::string& text, int i
                       std::span<const TokenLogprobs> logprobs, int64_t text_offset) {
   json body = IsChat(ctx) ? json{{"content", text}} : json(text);
   return Chunk(ctx, index, std::move(body), "", LogprobsJson(ctx, logprobs, text_offset));
+}
+
+std::string ToolCallChunk(const ResponseContext& ctx, const ToolCallOut& call, int index) {
+  json entry = ToolCallJson(call);
+  entry["index"] = 0;
+  return Chunk(ctx, index, json{{"tool_calls", json::array({std::move(entry)})}}, "");
 }
 
 std::string FinishChunk(const ResponseContext& ctx, const std::string& finish_reason, int index) {

@@ -24,6 +24,14 @@ struct ResponseContext {
   std::string model;
   bool include_usage = false;  // stream_options.include_usage: chunks carry "usage": null
   bool logprobs = false;       // choices carry a logprobs object (else "logprobs": null)
+  bool tools = false;          // chat answers may be tool calls
+};
+
+// One function call of an answer (OpenAI's tool_calls entry).
+struct ToolCallOut {
+  std::string id;  // "call_..."
+  std::string name;
+  std::string arguments;  // JSON text of the arguments object
 };
 
 // One token as a response's logprobs show it. Chat: {"token", "logprob", "bytes",
@@ -41,8 +49,9 @@ struct TokenLogprobs {
 struct Choice {
   int index = 0;
   std::string text;
-  std::string finish_reason;            // "stop", "length"
-  std::vector<TokenLogprobs> logprobs;  // rendered when ResponseContext::logprobs
+  std::string finish_reason;                  // "stop", "length"
+  std::vector<TokenLogprobs> logprobs;        // rendered when ResponseContext::logprobs
+  std::optional<ToolCallOut> tool_call = {};  // chat: the answer is this call (content null)
 };
 
 struct Usage {
@@ -64,6 +73,9 @@ std::string ChatRoleChunk(const ResponseContext& ctx, int index = 0);
 // covers; text_offset: bytes of the choice's text before this chunk (completions' text_offset).
 std::string TextChunk(const ResponseContext& ctx, const std::string& text, int index = 0,
                       std::span<const TokenLogprobs> logprobs = {}, int64_t text_offset = 0);
+// A chat chunk carrying choice `index`'s whole call: delta {"tool_calls": [{"index": 0, "id",
+// "type": "function", "function": {"name", "arguments"}}]}.
+std::string ToolCallChunk(const ResponseContext& ctx, const ToolCallOut& call, int index = 0);
 // The last chunk of choice `index`: empty delta/text with the finish reason.
 std::string FinishChunk(const ResponseContext& ctx, const std::string& finish_reason,
                         int index = 0);

@@ -239,7 +239,16 @@ class LocalBackendImpl final : public LocalBackend {
     if (!seq->req.sampling.json_schema.empty()) {
       // Validate() compiled it already; a failure here cannot happen.
       auto schema = structured::CompileSchema(seq->req.sampling.json_schema);
-      if (schema.ok()) constraint = structured::MakeJsonConstraint(*schema, TokenTable());
+      using ToolMode = engine::SamplingParams::ToolMode;
+      const ToolMode tools = seq->req.sampling.tool_mode;
+      if (!schema.ok()) {
+        // unreachable: Validate() compiled it
+      } else if (tools == ToolMode::kNone) {
+        constraint = structured::MakeJsonConstraint(*schema, TokenTable());
+      } else {
+        constraint =
+            structured::MakeToolCallConstraint(*schema, tools == ToolMode::kRequired, TokenTable());
+      }
     }
     seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling, seq->req.prompt_tokens,
                                                      end_tokens_, std::move(constraint));

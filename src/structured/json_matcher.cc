@@ -57,12 +57,16 @@ bool JsonMatcher::FeedAll(std::string_view bytes) {
   return true;
 }
 
+void JsonMatcher::CopyStateTo(JsonMatcher* other) const {
+  other->stack_.assign(stack_.begin(), stack_.end());
+  other->buf_.assign(buf_);
+  other->ws_run_ = ws_run_;
+  other->ws_newline_ = ws_newline_;
+  other->closed_ = closed_;
+}
+
 bool JsonMatcher::WouldAccept(std::string_view bytes, JsonMatcher* scratch) const {
-  scratch->stack_.assign(stack_.begin(), stack_.end());
-  scratch->buf_.assign(buf_);
-  scratch->ws_run_ = ws_run_;
-  scratch->ws_newline_ = ws_newline_;
-  scratch->closed_ = closed_;
+  CopyStateTo(scratch);
   return scratch->FeedAll(bytes);
 }
 
@@ -189,6 +193,17 @@ bool JsonMatcher::StartValue(Frame& f, unsigned char c) {
 }
 
 void JsonMatcher::EndValue() {
+  // The value of an object's discriminating property (x-tandem-variants) picks the variant.
+  if (stack_.size() >= 2 && stack_.back().type == Type::kLiteral && stack_.back().literal_enum) {
+    Frame& object = stack_[stack_.size() - 2];
+    const SchemaNode& n = node(object.node);
+    if (object.type == Type::kObject && n.variant_on >= 0 && object.key_prop == n.variant_on) {
+      const auto& texts = node(stack_.back().node).enum_texts;
+      for (size_t i = 0; i < texts.size(); ++i) {
+        if (texts[i] == buf_) object.variant = static_cast<int>(i);
+      }
+    }
+  }
   stack_.pop_back();
   if (stack_.empty()) {
     closed_ = true;
@@ -200,6 +215,14 @@ void JsonMatcher::EndValue() {
 
 bool JsonMatcher::KeyAllowed(const Frame& object, std::string_view key, bool whole) const {
   const SchemaNode& n = node(object.node);
+  if (n.ordered) {  // only the next property in declared order
+    for (size_t i = 0; i < n.properties.size(); ++i) {
+      if (object.used & (uint64_t{1} << i)) continue;
+      const std::string& name = n.properties[i].name;
+      return whole ? name == key : name.compare(0, key.size(), key) == 0;
+    }
+    return false;
+  }
   bool names_used_property = false;
   for (size_t i = 0; i < n.properties.size(); ++i) {
     const std::string& name = n.properties[i].name;
@@ -217,7 +240,7 @@ bool JsonMatcher::KeyAllowed(const Frame& object, std::string_view key, bool who
 
 bool JsonMatcher::MoreKeysPossible(const Frame& object) const {
   const SchemaNode& n = node(object.node);
-  if (n.additional_allowed) return true;
+  if (n.additional_allowed && !n.ordered) return true;
   for (size_t i = 0; i < n.properties.size(); ++i) {
     if (!(object.used & (uint64_t{1} << i))) return true;
   }
@@ -256,6 +279,9 @@ bool JsonMatcher::ObjectByte(Frame& f, unsigned char c) {
       Frame value;
       value.node =
           f.key_prop >= 0 ? n.properties[static_cast<size_t>(f.key_prop)].node : n.additional_node;
+      if (f.key_prop >= 0 && f.key_prop == n.variant_property && f.variant >= 0) {
+        value.node = n.variant_nodes[static_cast<size_t>(f.variant)];
+      }
       f.state = kObjAfterValue;
       stack_.push_back(value);
       return true;

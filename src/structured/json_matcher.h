@@ -26,7 +26,6 @@ namespace tandem::structured {
 inline constexpr int kMaxWhitespaceRun = 12;  // bytes, of which one line break at most
 inline constexpr int kMaxNumberChars = 24;
 inline constexpr int kMaxKeyBytes = 256;
-inline constexpr int kMaxProperties = 64;  // per object schema (a bit mask tracks them)
 
 class JsonMatcher {
  public:
@@ -40,6 +39,8 @@ class JsonMatcher {
   // Whether FeedAll(bytes) would succeed, tried on `scratch` (a matcher of the same schema whose
   // state is overwritten; its buffers are reused, so a trial allocates nothing once warm).
   bool WouldAccept(std::string_view bytes, JsonMatcher* scratch) const;
+  // Overwrites `other` (a matcher of the same schema) with this state, reusing its buffers.
+  void CopyStateTo(JsonMatcher* other) const;
 
   // The text so far is a whole document (it may still go on, e.g. a top-level number).
   bool Complete() const;
@@ -58,6 +59,7 @@ class JsonMatcher {
     int utf8_left = 0;  // kString: continuation bytes still expected
     int key_prop = -1;  // kObject: the property being valued (-1: an additional one)
     uint64_t used = 0;  // kObject: properties seen (bit per property index)
+    int variant = -1;   // kObject: index of the discriminating property's value
   };
 
   bool Whitespace(unsigned char c);  // one whitespace byte outside strings: within the limits?

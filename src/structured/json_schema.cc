@@ -1,5 +1,6 @@
 #include "structured/json_schema.h"
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,11 +46,24 @@ class Compiler {
     static const std::set<std::string> kIgnored = {
         "title",    "description", "default",  "examples",  "format", "$schema",     "$id",
         "$comment", "deprecated",  "readOnly", "writeOnly", "$defs",  "definitions", "strict"};
-    static const std::set<std::string> kKnown = {
-        "type",      "properties", "required", "additionalProperties",
-        "items",     "minItems",   "maxItems", "minLength",
-        "maxLength", "enum",       "const",    "anyOf",
-        "oneOf",     "allOf",      "$ref",     "nullable"};
+    static const std::set<std::string> kKnown = {"type",
+                                                 "properties",
+                                                 "required",
+                                                 "additionalProperties",
+                                                 "items",
+                                                 "minItems",
+                                                 "maxItems",
+                                                 "minLength",
+                                                 "maxLength",
+                                                 "enum",
+                                                 "const",
+                                                 "anyOf",
+                                                 "oneOf",
+                                                 "allOf",
+                                                 "$ref",
+                                                 "nullable",
+                                                 "x-tandem-ordered",
+                                                 "x-tandem-variants"};
     for (const auto& [key, value] : s.items()) {
       if (!kIgnored.count(key) && !kKnown.count(key)) {
         return InvalidArgument("the JSON Schema keyword '" + key + "' (at " + path +
@@ -227,7 +241,25 @@ class Compiler {
     }
     if (auto it = s.find("properties"); it != s.end()) {
       if (!it->is_object()) return InvalidArgument("'properties' must be an object at " + path);
+      if (it->size() > static_cast<size_t>(kMaxObjectProperties)) {
+        return InvalidArgument("at most 64 properties per object are supported (at " + path + ")");
+      }
+      // nlohmann keeps keys sorted, so declared order is lost: an ordered object lists its
+      // properties in the order of its "required" array, then the others.
+      std::vector<std::string> names;
+      if (s.value("x-tandem-ordered", false) && s.contains("required") &&
+          s["required"].is_array()) {
+        for (const json& r : s["required"]) {
+          if (r.is_string() && it->contains(r.get<std::string>())) {
+            names.push_back(r.get<std::string>());
+          }
+        }
+      }
       for (const auto& [name, sub] : it->items()) {
+        if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+      }
+      for (const std::string& name : names) {
+        const json& sub = (*it)[name];
         for (unsigned char c : name) {
           if (c < 0x20 || c == '"' || c == '\\') {
             return InvalidArgument(
@@ -265,6 +297,10 @@ class Compiler {
     if (auto it = s.find("items"); it != s.end()) {
       TANDEM_ASSIGN_OR_RETURN(node->items_node, Compile(*it, path + "/items"));
     }
+    node->ordered = s.value("x-tandem-ordered", false);
+    if (auto it = s.find("x-tandem-variants"); it != s.end()) {
+      TANDEM_RETURN_IF_ERROR(Variants(*it, path, node));
+    }
     TANDEM_RETURN_IF_ERROR(int_field("minItems", &node->min_items));
     TANDEM_RETURN_IF_ERROR(int_field("maxItems", &node->max_items));
     TANDEM_RETURN_IF_ERROR(int_field("minLength", &node->min_length));
@@ -276,6 +312,36 @@ class Compiler {
       return InvalidArgument("'maxLength' is below 'minLength' at " + path);
     }
     if (node->kinds == 0) return InvalidArgument("the schema at " + path + " allows no value");
+    return OkStatus();
+  }
+
+  Status Variants(const json& v, const std::string& path, SchemaNode* node) {
+    auto index_of = [&](const std::string& name) {
+      for (size_t i = 0; i < node->properties.size(); ++i) {
+        if (node->properties[i].name == name) return static_cast<int>(i);
+      }
+      return -1;
+    };
+    if (!v.is_object() || !v.contains("on") || !v.contains("property") || !v.contains("schemas") ||
+        !v["on"].is_string() || !v["property"].is_string() || !v["schemas"].is_array()) {
+      return InvalidArgument("'x-tandem-variants' needs 'on', 'property' and 'schemas' at " + path);
+    }
+    node->variant_on = index_of(v["on"].get<std::string>());
+    node->variant_property = index_of(v["property"].get<std::string>());
+    if (node->variant_on < 0 || node->variant_property <= node->variant_on || !node->ordered) {
+      return InvalidArgument("'x-tandem-variants' at " + path +
+                             " needs ordered properties, 'on' declared before 'property'");
+    }
+    const size_t n_values =
+        schema_.nodes[node->properties[node->variant_on].node].enum_texts.size();
+    if (n_values != v["schemas"].size()) {
+      return InvalidArgument("'x-tandem-variants' at " + path + " needs one schema per enum value");
+    }
+    for (size_t i = 0; i < v["schemas"].size(); ++i) {
+      TANDEM_ASSIGN_OR_RETURN(
+          int n, Compile(v["schemas"][i], path + "/x-tandem-variants/" + std::to_string(i)));
+      node->variant_nodes.push_back(n);
+    }
     return OkStatus();
   }
 

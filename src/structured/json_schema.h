@@ -9,6 +9,12 @@
 // examples, format, $schema, ...) are ignored. Anything else that restricts values (pattern,
 // minimum, multipleOf, ...) is refused with InvalidArgument naming the keyword, rather than
 // silently not enforced.
+//
+// Two keywords of our own serve tool calls (structured/tool_call.h), where the arguments'
+// schema depends on the function's name: "x-tandem-ordered": true (properties appear in their
+// declared order) and "x-tandem-variants": {"on": P, "property": Q, "schemas": [S0, S1, ...]}
+// (P is an enum property declared before Q; when P's value is its i-th enum value, Q's value
+// follows Si).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +26,9 @@
 #include "common/status.h"
 
 namespace tandem::structured {
+
+// Properties per object schema at most (the matcher tracks them in a 64-bit mask).
+inline constexpr int kMaxObjectProperties = 64;
 
 // Bit set of JSON value kinds.
 enum Kind : uint8_t {
@@ -44,6 +53,10 @@ struct SchemaNode {
   std::vector<Property> properties;
   bool additional_allowed = true;  // keys outside `properties`
   int additional_node = 0;         // their values' schema (node 0 is "any")
+  bool ordered = false;            // properties only in declared order
+  int variant_on = -1;             // x-tandem-variants: the discriminating property's index
+  int variant_property = -1;       // the property whose schema varies
+  std::vector<int> variant_nodes;  // per enum value of variant_on
   // Arrays.
   int items_node = 0;
   int min_items = 0;

@@ -4,20 +4,35 @@
 #include <bitset>
 
 #include "structured/json_matcher.h"
+#include "structured/tool_call.h"
 
 namespace tandem::structured {
 namespace {
 
-class JsonConstraint final : public engine::TokenConstraint {
+// Whether the matcher is in a state where any bytes may follow (a tool-mode message).
+template <typename M>
+bool AnythingGoes(const M& m) {
+  if constexpr (requires { m.Free(); }) {
+    return m.Free();
+  } else {
+    return false;
+  }
+}
+
+// A constraint over a byte matcher M (JsonMatcher, ToolCallMatcher): Feed, FeedAll, Complete,
+// Closed, WouldAccept(bytes, scratch).
+template <typename M>
+class ByteConstraint final : public engine::TokenConstraint {
  public:
-  JsonConstraint(std::shared_ptr<const Schema> schema, std::shared_ptr<const TokenTable> table)
-      : table_(std::move(table)), matcher_(schema), scratch_(schema) {}
+  ByteConstraint(std::shared_ptr<const TokenTable> table, M matcher)
+      : table_(std::move(table)), matcher_(matcher), scratch_(std::move(matcher)) {}
 
   bool Allows(int32_t token) const override {
     if (token < 0 || static_cast<size_t>(token) >= table_->first_byte.size()) return false;
     const int16_t first = table_->first_byte[token];
     if (first == TokenTable::kEndToken) return broken_ || matcher_.Complete();
     if (first == TokenTable::kNeverToken || broken_ || matcher_.Closed()) return false;
+    if (AnythingGoes(matcher_)) return true;
     EnsureFirstBytes();
     if (!first_bytes_[first]) return false;
     if (table_->single_byte[token]) return true;
@@ -33,9 +48,17 @@ class JsonConstraint final : public engine::TokenConstraint {
       }
       return;
     }
-    EnsureFirstBytes();
     const bool end_ok = matcher_.Complete();
     const int16_t* first = table_->first_byte.data();
+    if (AnythingGoes(matcher_)) {
+      for (size_t t = 0; t < n; ++t) {
+        if (first[t] == TokenTable::kNeverToken || (first[t] == TokenTable::kEndToken && !end_ok)) {
+          weights[t] = 0;
+        }
+      }
+      return;
+    }
+    EnsureFirstBytes();
     for (size_t t = 0; t < n; ++t) {
       if (weights[t] == 0) continue;
       const int16_t f = first[t];
@@ -72,8 +95,8 @@ class JsonConstraint final : public engine::TokenConstraint {
   }
 
   std::shared_ptr<const TokenTable> table_;
-  JsonMatcher matcher_;
-  mutable JsonMatcher scratch_;  // trials of candidate tokens
+  M matcher_;
+  mutable M scratch_;  // trials of candidate tokens
   bool broken_ = false;
   // Which bytes may come next (a cache of Allows, rebuilt after each accepted token).
   mutable std::bitset<256> first_bytes_;
@@ -108,7 +131,15 @@ std::shared_ptr<const TokenTable> TokenTable::FromTokenizer(const model::Tokeniz
 
 std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
     std::shared_ptr<const Schema> schema, std::shared_ptr<const TokenTable> table) {
-  return std::make_unique<JsonConstraint>(std::move(schema), std::move(table));
+  return std::make_unique<ByteConstraint<JsonMatcher>>(std::move(table),
+                                                       JsonMatcher(std::move(schema)));
+}
+
+std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
+    std::shared_ptr<const Schema> call_schema, bool required,
+    std::shared_ptr<const TokenTable> table) {
+  return std::make_unique<ByteConstraint<ToolCallMatcher>>(
+      std::move(table), ToolCallMatcher(std::move(call_schema), required));
 }
 
 }  // namespace tandem::structured

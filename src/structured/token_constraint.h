@@ -33,4 +33,10 @@ struct TokenTable {
 std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
     std::shared_ptr<const Schema> schema, std::shared_ptr<const TokenTable> table);
 
+// Tool mode (structured/tool_call.h): the answer is one call of `call_schema` inside the tool-call
+// tags, or (unless `required`) a message.
+std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
+    std::shared_ptr<const Schema> call_schema, bool required,
+    std::shared_ptr<const TokenTable> table);
+
 }  // namespace tandem::structured

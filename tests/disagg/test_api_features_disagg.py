@@ -41,6 +41,11 @@ REQUESTS = [
                                                                 "items": {"type": "string", "maxLength": 24}}},
                                       "required": ["name", "population", "sights"],
                                       "additionalProperties": False}}}}, True),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Weather in Rome?"}], "max_tokens": 100,
+                              "temperature": 0.7, "seed": 2, "tool_choice": "required", "tools": [
+                                  {"type": "function", "function": {"name": "get_weather", "parameters": {
+                                      "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                                      "required": ["city"], "additionalProperties": False}}}]}, False),
 ]
 
 
@@ -61,17 +66,27 @@ def streamed(server, path, body):
             for c in event["choices"]:
                 out = choices.setdefault(c["index"], {"text": "", "logprobs": [], "finish": None})
                 out["text"] += (c["delta"].get("content") or "") if "delta" in c else c["text"]
+                for call in (c.get("delta") or {}).get("tool_calls") or []:
+                    out["text"] += call_text(call)
                 if c.get("logprobs"):
                     out["logprobs"].append(c["logprobs"])
                 out["finish"] = c["finish_reason"] or out["finish"]
     return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
 
 
+def call_text(call):
+    """A tool call without its (random) id."""
+    return json.dumps([call["function"]["name"], json.loads(call["function"]["arguments"])])
+
+
 def summary(response):
     """Texts, finish reasons, completion tokens and logprob values of a non-streamed response."""
     out = []
     for c in response["choices"]:
-        text = c["message"]["content"] if "message" in c else c["text"]
+        if "message" in c:
+            text = c["message"]["content"] or "".join(call_text(t) for t in c["message"].get("tool_calls") or [])
+        else:
+            text = c["text"]
         out.append({"text": text, "finish": c["finish_reason"], "logprobs": flat_logprobs(c.get("logprobs"))})
     return out, response["usage"]["completion_tokens"]
 
@@ -138,6 +153,8 @@ class ApiFeaturesDisaggregatedEqualColocated(unittest.TestCase):
         self.assertEqual(expected[9][0][0]["finish"], "stop")  # stop_token_ids
         city = json.loads(expected[10][0][0]["text"])  # structured output, sampled
         self.assertEqual(sorted(city), ["name", "population", "sights"])
+        self.assertEqual(expected[11][0][0]["finish"], "tool_calls")
+        self.assertEqual(json.loads(expected[11][0][0]["text"])[0], "get_weather")
 
 
 if __name__ == "__main__":

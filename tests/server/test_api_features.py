@@ -301,6 +301,102 @@ class StructuredOutputTest(unittest.TestCase):
         self.assertIn("pattern", r.json()["error"]["message"])
 
 
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                           "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 40}},
+        "required": ["timezone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone",
+                                           "parameters": TIME}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class ToolsTest(unittest.TestCase):
+    def check_call(self, call, name=None):
+        self.assertEqual(call.type, "function")
+        self.assertTrue(call.id.startswith("call_"))
+        self.assertIn(call.function.name, ("get_weather", "get_time"))
+        if name:
+            self.assertEqual(call.function.name, name)
+        jsonschema.validate(json.loads(call.function.arguments),
+                            WEATHER if call.function.name == "get_weather" else TIME)
+
+    def test_required_and_named_calls_are_valid(self):
+        c = client()
+        for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
+            for temperature, seed in ((0, None), (1.0, 4)):
+                with self.subTest(choice=choice, temperature=temperature):
+                    r = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                                  max_tokens=120, temperature=temperature, seed=seed)
+                    self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+                    self.assertIsNone(r.choices[0].message.content)
+                    self.assertEqual(len(r.choices[0].message.tool_calls), 1)
+                    self.check_call(r.choices[0].message.tool_calls[0], name)
+
+    def test_streamed_call_and_the_next_turn(self):
+        c = client()
+        stream = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=120, temperature=0, stream=True)
+        calls, finish = {}, None
+        for ch in stream:
+            for choice in ch.choices:
+                for d in choice.delta.tool_calls or []:
+                    entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                    entry["id"] = d.id or entry["id"]
+                    entry["name"] += d.function.name or ""
+                    entry["arguments"] += d.function.arguments or ""
+                finish = choice.finish_reason or finish
+                self.assertFalse(choice.delta.content, "a call streams no content")
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(len(calls), 1)
+        call = calls[0]
+        whole = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                                          max_tokens=120, temperature=0).choices[0].message.tool_calls[0]
+        self.assertEqual((call["name"], json.loads(call["arguments"])),
+                         (whole.function.name, json.loads(whole.function.arguments)))
+        # The call and its result go back to the model; it answers in words.
+        messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temperature_c": 21})}]
+        r = c.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, tool_choice="none",
+                                      max_tokens=40, temperature=0)
+        self.assertTrue(r.choices[0].message.content)
+        self.assertFalse(r.choices[0].message.tool_calls)
+
+    def test_auto_answers_in_words_or_with_a_valid_call(self):
+        c = client()
+        asks = [ASK, [{"role": "user", "content": "Hello! How are you?"}],
+                [{"role": "user", "content": "Call get_time for Europe/Oslo."}]]
+        for messages in asks:
+            r = c.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, max_tokens=80,
+                                          temperature=0)
+            m = r.choices[0].message
+            if m.tool_calls:
+                self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+                self.check_call(m.tool_calls[0])
+            else:
+                self.assertTrue(m.content)
+                self.assertNotIn("<tool_call>", m.content)
+
+    def test_bad_tool_requests_are_400(self):
+        cases = [
+            {"messages": ASK, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            {"messages": ASK, "tool_choice": "required"},
+            {"messages": ASK, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+            {"messages": ASK, "tools": TOOLS, "response_format": {"type": "json_object"}},
+            {"messages": ASK, "tools": [{"type": "function", "function": {
+                "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}}]},
+        ]
+        for body in cases:
+            r = requests.post(SERVER.base + "/v1/chat/completions", json=dict(body, model=MODEL_NAME), timeout=30)
+            self.assertEqual(r.status_code, 400, (body, r.text))
+        r = requests.post(SERVER.base + "/v1/completions",
+                          json={"model": MODEL_NAME, "prompt": "x", "tools": TOOLS}, timeout=30)
+        self.assertEqual(r.status_code, 400)
+
+
 class EdgesTest(unittest.TestCase):
     def test_tokenize_and_detokenize(self):
         r = requests.post(SERVER.base + "/tokenize",
