@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   libfmt-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev curl etcd-server etcd-client
-  libucx-dev iperf3 iproute2 procps clang clang-format)
+  libucx-dev iperf3 iproute2 procps clang clang-format chromium chromium-driver)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,12 +19,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# Python packages of the end-to-end tests and the benchmark reports (plots; prometheus_client
-# parses the /metrics the serving benchmark scrapes, which falls back to its own parser without it).
-if ! python3 -c "import openai, requests, matplotlib, prometheus_client" 2>/dev/null; then
-  echo "setup: installing the Python packages openai, requests, matplotlib, prometheus_client"
-  python3 -m pip install --quiet openai requests matplotlib prometheus_client 2>/dev/null ||
-    python3 -m pip install --quiet --break-system-packages openai requests matplotlib prometheus_client
+# Python packages of the end-to-end tests and the benchmark reports: the OpenAI SDK, requests,
+# plots, prometheus_client (parses the /metrics the serving benchmark scrapes), jsonschema
+# (validates structured output), selenium (drives chromium through chromium-driver).
+PY_PACKAGES=(openai requests matplotlib prometheus_client jsonschema selenium)
+if ! python3 -c "import openai, requests, matplotlib, prometheus_client, jsonschema, selenium" \
+    2>/dev/null; then
+  echo "setup: installing the Python packages ${PY_PACKAGES[*]}"
+  python3 -m pip install --quiet "${PY_PACKAGES[@]}" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${PY_PACKAGES[@]}"
 fi
 
 scripts/fetch_model.sh

@@ -39,6 +39,10 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
   o.tokens_decode = w.stats.backend.computed_tokens_decode;
   o.threads = w.stats.backend.engine_threads;
   o.sampling_s = w.stats.backend.sampling_seconds;
+  o.running = w.stats.backend.running;
+  o.kv_total = w.stats.backend.kv_blocks_total;
+  o.kv_used = w.stats.backend.kv_blocks_used;
+  o.kv_cached = w.stats.backend.kv_blocks_cached;
   workers.push_back(o);
   if (w.healthy) {
     transfer_failures += w.stats.transfer_failures;
@@ -154,6 +158,21 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                         true,
                         {{"worker", w.name}, {"role", w.role}},
                         w.sampling_s});
+    s->extra.push_back({"tandem_worker_running_sequences",
+                        "Sequences each worker's engine runs (at its last /stats).",
+                        false,
+                        {{"worker", w.name}, {"role", w.role}},
+                        double(w.running)});
+    for (const auto& [state, blocks] :
+         {std::pair{"used", w.kv_used}, std::pair{"cached", w.kv_cached},
+          std::pair{"free", w.kv_total - w.kv_used - w.kv_cached}}) {
+      s->extra.push_back({"tandem_worker_kv_blocks",
+                          "KV-cache blocks of each worker by state: used by sequences, cached "
+                          "(prefix cache only), free.",
+                          false,
+                          {{"worker", w.name}, {"role", w.role}, {"state", state}},
+                          double(blocks)});
+    }
   }
   auto counter = [&](const char* name, const char* help, double v) {
     s->extra.push_back({name, help, true, {}, v});

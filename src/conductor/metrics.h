@@ -36,7 +36,9 @@ class ConductorMetrics {
       double busy_prefill_s = 0, busy_decode_s = 0;
       int64_t tokens_prefill = 0, tokens_decode = 0;
       int threads = 0;
-      double sampling_s = 0;  // cumulative seconds drawing tokens
+      double sampling_s = 0;                         // cumulative seconds drawing tokens
+      int running = 0;                               // sequences its engine runs now
+      int kv_total = 0, kv_used = 0, kv_cached = 0;  // its KV blocks
     };
     std::vector<One> workers;
     // Sums over live workers.

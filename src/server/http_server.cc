@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "server/choices.h"
+#include "server/dashboard.h"
 #include "server/http_util.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -191,6 +192,14 @@ void HttpServer::Impl::SetUpRoutes() {
       res.set_content(R"({"status":"ok"})", kJson);
     }
   });
+  http_.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(DashboardPage(), "text/html; charset=utf-8");
+  });
+  http_.Get("/dashboard/data", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(DashboardJson(metrics_->Get(), backend_->Stats(), options_.served_model_name),
+                    kJson);
+  });
   http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_->Render(backend_->Stats()),
                     "text/plain; version=0.0.4; charset=utf-8");
@@ -206,7 +215,8 @@ void HttpServer::Impl::SetUpRoutes() {
         const bool known = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
                            req.path == "/v1/models" || req.path == "/health" ||
                            req.path == "/metrics" || req.path == "/tokenize" ||
-                           req.path == "/detokenize";
+                           req.path == "/detokenize" || req.path == "/dashboard" ||
+                           req.path == "/dashboard/data";
         if (res.status == 404 && known) {
           e.status = 405;
           e.message = "method " + req.method + " is not allowed for " + req.path;

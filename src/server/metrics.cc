@@ -139,6 +139,18 @@ void ServerMetrics::RecordFinished(const serving::FinishInfo& info) {
   if (info.first_decode_seconds >= 0) first_decode_.Observe(info.first_decode_seconds);
 }
 
+ServerMetrics::Snapshot ServerMetrics::Get() const {
+  Snapshot s;
+  for (int i = 0; i < kNumOutcomes; ++i) s.outcomes[i] = outcomes_[i].load();
+  s.prompt_tokens = prompt_tokens_.load();
+  s.generation_tokens = generation_tokens_.load();
+  s.ttft = ttft_.Get();
+  s.tpot = tpot_.Get();
+  s.e2e = e2e_.Get();
+  s.queue = queue_.Get();
+  return s;
+}
+
 std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
   PrometheusWriter w;
   std::vector<std::pair<PrometheusWriter::Labels, double>> outcomes;

@@ -57,6 +57,15 @@ class ServerMetrics {
   // The whole /metrics body.
   std::string Render(const serving::BackendStats& stats) const;
 
+  // What the dashboard shows (server/dashboard.h): cumulative figures, histograms as snapshots.
+  struct Snapshot {
+    int64_t outcomes[kNumOutcomes] = {};
+    int64_t prompt_tokens = 0;
+    int64_t generation_tokens = 0;
+    Histogram::Snapshot ttft, tpot, e2e, queue;
+  };
+  Snapshot Get() const;
+
  private:
   std::atomic<int64_t> outcomes_[kNumOutcomes] = {};
   std::atomic<int64_t> prompt_tokens_{0};
