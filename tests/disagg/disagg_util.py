@@ -4,11 +4,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
-from server_util import GEMMA, MODEL_NAME, Server, sse_events  # noqa: E402,F401
+from server_util import GEMMA, MODEL_NAME, Server, sse_events, wait_for  # noqa: E402,F401
 
 # Prompts and completions stay within this context, so that "near the limit" is affordable on
 # two cores (a prompt of ~900 tokens plus its completion).
@@ -94,17 +93,6 @@ def worker_pids(server, role):
     out = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", f"worker --role {role}"],
                          capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last})")
 
 
 def metric(m, name, **labels):

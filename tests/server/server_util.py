@@ -118,3 +118,15 @@ def sse_events(raw_lines):
         assert line.startswith("data: "), line
         payload = line[len("data: "):]
         yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+def wait_for(predicate, timeout, what):
+    """Polls `predicate` until it returns something truthy (returned) or `timeout` s pass."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last})")

@@ -16,7 +16,7 @@ import unittest
 import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_util import MODEL_NAME, Server  # noqa: E402
+from server_util import MODEL_NAME, Server, wait_for  # noqa: E402
 
 try:
     from selenium import webdriver
@@ -27,16 +27,6 @@ except ImportError:  # scripts/setup.sh installs it
 
 CHROMEDRIVER = shutil.which("chromedriver")
 CHROMIUM = shutil.which("chromium")
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @unittest.skipIf(webdriver is None or not CHROMEDRIVER or not CHROMIUM,
