@@ -74,8 +74,37 @@ StatusOr<ChatTemplate> ChatTemplate::Detect(const std::string& template_text) {
                          (template_text.size() > 60 ? "...\"" : "\""));
 }
 
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::string ApplyGemma(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  std::string out, first_user_prefix;
+  size_t first = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    first_user_prefix = std::string(Trim(messages[0].content)) + "\n\n";
+    first = 1;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role == "assistant" ? "model" : messages[i].role;
+    out.append("<start_of_turn>").append(role).append("\n");
+    if (i == first) out.append(first_user_prefix);
+    out.append(Trim(messages[i].content)).append("<end_of_turn>\n");
+  }
+  if (add_generation_prompt) out.append("<start_of_turn>model\n");
+  return out;
+}
+
+}  // namespace
+
 std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt) const {
+  if (kind_ == Kind::kGemma) return ApplyGemma(messages, add_generation_prompt);
   std::string out;
   auto append = [&out](std::string_view role, std::string_view content) {
     out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");

@@ -70,6 +70,20 @@ TEST(ChatTemplateTest, EscapedNewlinesInDefaultSystem) {
             "<|im_start|>user\nx<|im_end|>\n");
 }
 
+// Gemma 3's turn format (what its instruction-tuned models' template renders): the system
+// message joins the first user turn, "assistant" is "model", contents are trimmed.
+TEST(ChatTemplateTest, GemmaFormat) {
+  const ChatTemplate t = ChatTemplate::Gemma();
+  const std::vector<ChatMessage> messages = {
+      {"system", "Be brief. "}, {"user", " Hi!\n"}, {"assistant", "Hello."}, {"user", "Bye"}};
+  EXPECT_EQ(t.Apply(messages, true),
+            "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
+            "<start_of_turn>model\nHello.<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n"
+            "<start_of_turn>model\n");
+  EXPECT_EQ(t.Apply({{"user", "x"}}, false), "<start_of_turn>user\nx<end_of_turn>\n");
+}
+
 TEST(ChatTemplateTest, RefusesUnknownTemplates) {
   const std::string llama2 =
       "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"

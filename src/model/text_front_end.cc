@@ -11,7 +11,9 @@ StatusOr<TextFrontEnd> LoadTextFrontEnd(const GgufFile& file, const ModelConfig&
   }
   TextFrontEnd fe;
   TANDEM_ASSIGN_OR_RETURN(fe.tokenizer, Tokenizer::Create(vocab));
-  if (config.chat_template.empty()) {
+  if (config.chat_template.empty() && config.architecture == "gemma3") {
+    fe.chat_template = ChatTemplate::Gemma();  // the file has none; Gemma's format is known
+  } else if (config.chat_template.empty()) {
     fe.chat_template_error = "the model has no tokenizer.chat_template";
   } else if (auto t = ChatTemplate::Detect(config.chat_template); t.ok()) {
     fe.chat_template = *t;

@@ -39,6 +39,16 @@ class GenerateTest(unittest.TestCase):
         self.assertIn("Tokyo", out.stdout)
         self.assertNotIn("<|im_end|>", out.stdout)
 
+    def test_gemma_chat_uses_the_gemma_format(self):
+        # The Gemma 3 270M file has no chat template; --chat renders Gemma's turn format instead
+        # of refusing (the format itself: chat_template_test.cc). The base model's answer is not
+        # checked, only that chat works and the turn markers stay out of the text.
+        gemma = os.path.join(SRC, "models", "gemma-3-270m-q4_k_m.gguf")
+        out = generate("--model", gemma, "--chat", "--prompt", "Hi", "--max-tokens", "4",
+                       "--temperature", "0")
+        self.assertTrue(out.stdout.strip())
+        self.assertNotIn("<start_of_turn>", out.stdout)
+
     def test_seed_reproduces_sampling(self):
         args = ["--prompt", "My favourite animal is", "--max-tokens", "16", "--temperature", "1.0",
                 "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05"]
