@@ -32,6 +32,7 @@ json SamplingJson(const engine::SamplingParams& s) {
           {"min_tokens", s.min_tokens},
           {"stop_token_ids", s.stop_token_ids},
           {"logprobs", s.logprobs},
+          {"prompt_logprobs", s.prompt_logprobs},
           {"json_schema", s.json_schema},
           {"tool_mode", static_cast<int>(s.tool_mode)}};
 }
@@ -50,6 +51,7 @@ engine::SamplingParams SamplingFrom(const json& j) {
   s.min_tokens = j.value("min_tokens", 0);
   s.stop_token_ids = j.value("stop_token_ids", std::vector<int32_t>{});
   s.logprobs = j.value("logprobs", -1);
+  s.prompt_logprobs = j.value("prompt_logprobs", -1);
   s.json_schema = j.value("json_schema", "");
   const int tool_mode = j.value("tool_mode", 0);
   s.tool_mode = tool_mode == 2   ? engine::SamplingParams::ToolMode::kRequired
@@ -413,6 +415,16 @@ std::string DecodeEvent::ToJson() const {
       j = {{"event", "token"}};
       PutSampled(token, "token", &j);
       break;
+    case Kind::kPromptLogprobs: {
+      json tokens = json::array();
+      for (const auto& t : prompt_logprobs) {
+        json one;
+        PutSampled(t, "token", &one);
+        tokens.push_back(std::move(one));
+      }
+      j = {{"event", "prompt_logprobs"}, {"tokens", std::move(tokens)}};
+      break;
+    }
     case Kind::kFinish:
       j = {{"event", "finish"},
            {"reason", serving::FinishReasonName(finish.reason)},
@@ -443,6 +455,9 @@ StatusOr<DecodeEvent> DecodeEvent::FromJson(const std::string& text) {
     } else if (kind == "token") {
       e.kind = Kind::kToken;
       e.token = SampledFrom(j, "token");
+    } else if (kind == "prompt_logprobs") {
+      e.kind = Kind::kPromptLogprobs;
+      for (const json& t : j.at("tokens")) e.prompt_logprobs.push_back(SampledFrom(t, "token"));
     } else if (kind == "finish") {
       e.kind = Kind::kFinish;
       e.finish.reason = ReasonFrom(j.at("reason").get<std::string>());

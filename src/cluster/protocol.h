@@ -5,8 +5,8 @@
 //   GET  /health                      {"name", "role"}; 200 while serving
 //   GET  /stats                       WorkerStats (with the keys of its cached KV blocks)
 //   POST /v1/decode   DecodeCall  ->  a stream of newline-delimited DecodeEvents:
-//                                     "reserved" (unless local), then "token"..., then one
-//                                     "finish" or "error"
+//                                     "reserved" (unless local), then "prompt_logprobs" (if
+//                                     asked), "token"..., then one "finish" or "error"
 //   POST /v1/prefill  PrefillCall ->  PrefillResult (200) or {"error": {...}} (4xx/5xx)
 //   POST /v1/cancel   {"id"}      ->  frees what the worker holds for the request
 //   POST /v1/role     RoleChange  ->  RoleChangeResult: the worker takes the new role at once
@@ -135,10 +135,11 @@ struct PrefillResult {
 
 // One line of the /v1/decode stream.
 struct DecodeEvent {
-  enum class Kind { kReserved, kToken, kFinish, kError };
+  enum class Kind { kReserved, kToken, kPromptLogprobs, kFinish, kError };
   Kind kind = Kind::kToken;
-  KvTarget reserved;           // kReserved
-  engine::SampledToken token;  // kToken
+  KvTarget reserved;                                  // kReserved
+  engine::SampledToken token;                         // kToken
+  std::vector<engine::SampledToken> prompt_logprobs;  // kPromptLogprobs
   serving::FinishInfo finish;  // kFinish (reason, counts, first_decode_seconds)
   Status error;                // kError
 

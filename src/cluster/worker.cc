@@ -89,6 +89,12 @@ class StreamSink : public serving::GenerationSink {
     stream_->Push(e);
     return !stream_->client_gone();
   }
+  void OnPromptLogprobs(std::vector<engine::SampledToken> tokens) override {
+    DecodeEvent e;
+    e.kind = DecodeEvent::Kind::kPromptLogprobs;
+    e.prompt_logprobs = std::move(tokens);
+    stream_->Push(e);
+  }
   void OnFinish(const serving::FinishInfo& info) override {
     DecodeEvent e;
     e.kind = DecodeEvent::Kind::kFinish;

@@ -372,6 +372,14 @@ class ConductorImpl final : public Conductor {
       } else {
         p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
       }
+      if (run->r.sampling.prompt_logprobs >= 0 && p.outcome == Placement::Outcome::kPlaced &&
+          !p.local) {
+        // Prompt logprobs come from the worker that computes the prompt with every position's
+        // logits: the decode worker does it (the prefill hand-off carries no prompt logits).
+        p.local = true;
+        p.prefill = -1;
+        run->prefill.clear();
+      }
       first = false;
       if (p.outcome == Placement::Outcome::kPlaced) {
         run->placement = p;
@@ -808,6 +816,9 @@ class ConductorImpl final : public Conductor {
             view_.PrefillDone(run->load, "", run->decode, -1, Clock::now());
           }
           return emit(e.token);
+        case DecodeEvent::Kind::kPromptLogprobs:
+          if (!cancel_all_.load()) run->sink->OnPromptLogprobs(e.prompt_logprobs);
+          return true;
         case DecodeEvent::Kind::kFinish: run->finish = e.finish; return true;
         case DecodeEvent::Kind::kError: run->error = e.error; return true;
       }

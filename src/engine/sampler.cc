@@ -239,6 +239,12 @@ int32_t Sampler::Draw(std::span<const float> logits) {
 }
 
 void Sampler::FillLogprobs(std::span<const float> raw, SampledToken* out) {
+  *out = LogprobsOf(raw, out->token, params_.logprobs);
+}
+
+SampledToken LogprobsOf(std::span<const float> raw, int32_t token, int top_n) {
+  SampledToken out;
+  out.token = token;
   // log p(t) = logit(t) - max - log(sum exp(logit - max)), in double for the sum.
   float max_logit = -std::numeric_limits<float>::infinity();
   for (float l : raw) max_logit = std::max(max_logit, l);
@@ -246,18 +252,17 @@ void Sampler::FillLogprobs(std::span<const float> raw, SampledToken* out) {
   for (float l : raw) sum += std::exp(static_cast<double>(l - max_logit));
   const double log_norm = max_logit + std::log(sum);
   auto logprob = [&](int32_t id) { return static_cast<float>(raw[id] - log_norm); };
-  out->logprob = logprob(out->token);
-  const size_t k = std::min<size_t>(params_.logprobs, raw.size());
-  if (k == 0) return;
-  candidates_.resize(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) candidates_[i] = {static_cast<int32_t>(i), raw[i]};
-  std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(),
-                    [](const Candidate& a, const Candidate& b) {
-                      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-                    });
-  out->top.reserve(k);
-  for (size_t i = 0; i < k; ++i)
-    out->top.push_back({candidates_[i].id, logprob(candidates_[i].id)});
+  out.logprob = logprob(token);
+  const size_t k = std::min<size_t>(std::max(top_n, 0), raw.size());
+  if (k == 0) return out;
+  std::vector<int32_t> ids(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
+  });
+  out.top.reserve(k);
+  for (size_t i = 0; i < k; ++i) out.top.push_back({ids[i], logprob(ids[i])});
+  return out;
 }
 
 }  // namespace tandem::engine

@@ -82,4 +82,8 @@ class Sampler {
 
 int32_t Argmax(std::span<const float> logits);
 
+// The raw log-probability of `token` in one row of logits, and the top_n most likely tokens
+// (top_n <= 0: none): what a prompt position reports for prompt logprobs.
+SampledToken LogprobsOf(std::span<const float> logits, int32_t token, int top_n);
+
 }  // namespace tandem::engine

@@ -39,6 +39,10 @@ Status SamplingParams::Validate() const {
   if (min_tokens < 0) {
     return InvalidArgument("min_tokens must be >= 0, got " + std::to_string(min_tokens));
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > kMaxLogprobs) {
+    return InvalidArgument("prompt_logprobs must be in [0, " + std::to_string(kMaxLogprobs) +
+                           "], got " + std::to_string(prompt_logprobs));
+  }
   if (logprobs < -1 || logprobs > kMaxLogprobs) {
     return InvalidArgument("logprobs must be in [0, " + std::to_string(kMaxLogprobs) + "], got " +
                            std::to_string(logprobs));

@@ -43,6 +43,10 @@ struct SamplingParams {
   // log-probability and that many most likely alternatives. Values are log-softmax of the raw
   // logits: before bias, penalties and temperature (vLLM's default, "raw logprobs").
   int logprobs = -1;
+  // -1: none. 0..kMaxLogprobs: every prompt token after the first reports its raw
+  // log-probability given the tokens before it, and that many alternatives (completions' echo
+  // with logprobs). The prompt is then computed whole (no prefix-cache reuse).
+  int prompt_logprobs = -1;
   // Structured output: a JSON Schema (structured/json_schema.h) the output must be a document
   // of; empty: none. The front door compiles it before submitting (a bad schema is a 400).
   std::string json_schema = {};

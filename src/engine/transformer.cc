@@ -211,7 +211,8 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
       token_pos_.push_back(item.start_pos + static_cast<int>(j));
       token_item_.push_back(static_cast<int>(i));
     }
-    logit_rows += item.want_logits ? 1 : 0;
+    logit_rows +=
+        item.all_logits ? static_cast<int64_t>(item.tokens.size()) : (item.want_logits ? 1 : 0);
   }
   const int64_t T = static_cast<int64_t>(token_pos_.size());
   EnsureScratch(T, logit_rows);
@@ -278,7 +279,14 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   std::vector<float>& picked = logit_in_;
   picked.resize(logit_rows * c.dim);
   for (int64_t t = 0, i = 0, r = 0; i < static_cast<int64_t>(batch.size()); ++i) {
-    t += static_cast<int64_t>(batch[i].tokens.size());
+    const int64_t n = static_cast<int64_t>(batch[i].tokens.size());
+    t += n;
+    if (batch[i].all_logits) {
+      RmsNorm(&x_[(t - n) * c.dim], weights_.output_norm.data(), n, c.dim, c.rms_eps,
+              &picked[r * c.dim]);
+      r += n;
+      continue;
+    }
     if (!batch[i].want_logits) continue;
     RmsNorm(&x_[(t - 1) * c.dim], weights_.output_norm.data(), 1, c.dim, c.rms_eps,
             &picked[r * c.dim]);

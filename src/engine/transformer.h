@@ -30,6 +30,9 @@ struct BatchItem {
   int start_pos = 0;                // position of tokens[0] (= tokens already in the cache)
   std::span<const int32_t> tokens;  // n >= 1 new tokens
   bool want_logits = true;          // produce logits for the last token
+  // Logits for every token of the item (prompt logprobs), n rows in position order, instead of
+  // the last token's only (the last row is then the one want_logits would give).
+  bool all_logits = false;
 };
 
 class Transformer {
@@ -38,8 +41,8 @@ class Transformer {
   Transformer(const model::ModelConfig& config, const ModelWeights& weights, ThreadPool* pool);
 
   // Appends the KV of every item's tokens to the cache (positions start_pos..start_pos+n-1)
-  // and writes one row of vocab logits per item with want_logits, in item order, to *logits
-  // (resized to rows * vocab).
+  // and writes one row of vocab logits per item with want_logits (n rows with all_logits), in
+  // item order, to *logits (resized to rows * vocab).
   Status Forward(std::span<const BatchItem> batch, PagedKvCache& kv, std::vector<float>* logits);
 
   // Called after each layer's KV has been written (layer index), e.g. to start moving it.

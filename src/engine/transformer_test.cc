@@ -369,6 +369,32 @@ TEST(TransformerTest, MixedBatchEqualsOneSequenceAtATime) {
   }
 }
 
+// all_logits (prompt logprobs): one row per token, each what decoding the tokens one at a time
+// gives at that position; beside an ordinary item in the same step.
+TEST(TransformerTest, AllLogitsRowsEqualOneTokenAtATime) {
+  for (const testing::TinyLlamaSpec& spec : BothFamilies()) {
+    SCOPED_TRACE(spec.gemma3 ? "gemma3" : "llama");
+    Fixture f(spec);
+    const int V = spec.vocab;
+    const auto tokens = RandomTokens(9, spec.vocab, 31);
+    const auto other = RandomTokens(5, spec.vocab, 32);
+    const auto one_at_a_time =
+        f.RunAlone({tokens.front()}, {tokens.begin() + 1, tokens.end()}, Range(0, 2));
+    const auto other_alone = f.RunAlone(other, {}, Range(2, 1));
+    std::vector<float> logits;
+    const auto blocks_t = Range(3, 2), blocks_o = Range(5, 1);
+    BatchItem items[] = {{blocks_t, 0, {tokens.data(), tokens.size()}, true, true},
+                         {blocks_o, 0, {other.data(), other.size()}, true}};
+    const Status st = f.Step(items, &logits);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_EQ(logits.size(), (tokens.size() + 1) * V);
+    EXPECT_EQ(MaxAbsDiff(std::vector<float>(logits.begin(), logits.begin() + tokens.size() * V),
+                         one_at_a_time),
+              0.0f);
+    EXPECT_EQ(MaxAbsDiff(std::vector<float>(logits.end() - V, logits.end()), other_alone), 0.0f);
+  }
+}
+
 // Scattered, out-of-order blocks give the same result as contiguous ones, and chunked prefill
 // equals whole prefill.
 TEST(TransformerTest, ScatteredBlocksAndChunksEqualContiguous) {

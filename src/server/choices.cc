@@ -78,6 +78,7 @@ ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeo
       RequestSink::Taken t = run.sink->Wait(
           std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
       run.text += t.text;
+      if (t.prompt_logprobs) run.prompt_logprobs = std::move(*t.prompt_logprobs);
       for (auto& lp : t.logprobs) run.logprobs.push_back(std::move(lp));
       if (t.finished) {
         run.done = true;
@@ -99,6 +100,11 @@ ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeo
   choices.reserve(runs_.size());
   for (ChoiceRun& run : runs_) {
     std::optional<ToolCallOut> call = CallOf(run);
+    if (!run.prompt_logprobs.empty()) {
+      run.logprobs.insert(run.logprobs.begin(),
+                          std::make_move_iterator(run.prompt_logprobs.begin()),
+                          std::make_move_iterator(run.prompt_logprobs.end()));
+    }
     Choice c{run.index, std::move(run.text), serving::FinishReasonName(run.info.reason),
              std::move(run.logprobs), std::move(call)};
     if (c.tool_call) {
@@ -154,7 +160,9 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
         !send(SseEvent(ChatRoleChunk(ctx_, run.index)))) {
       return false;
     }
-    if (!run.echo.empty()) {
+    if (!run.echo.empty() && ctx_.logprobs) {
+      run.echo_waits = true;  // sent with the prompt's logprobs
+    } else if (!run.echo.empty()) {
       if (!send(SseEvent(TextChunk(ctx_, run.echo, run.index)))) return false;
       run.text_offset = static_cast<int64_t>(run.echo.size());
     }
@@ -166,7 +174,14 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
     // One choice: block on its sink; several: look at each, then wait on the doorbell.
     RequestSink::Taken t =
         run.sink->Wait(runs_.size() == 1 ? Clock::duration(poll) : Clock::duration::zero());
-    news = news || !t.text.empty() || !t.logprobs.empty() || t.finished;
+    news = news || !t.text.empty() || !t.logprobs.empty() || t.finished || t.prompt_logprobs;
+    if (run.echo_waits && (t.prompt_logprobs || t.finished)) {
+      run.echo_waits = false;
+      const std::vector<TokenLogprobs> none;
+      const auto& prompt = t.prompt_logprobs ? *t.prompt_logprobs : none;
+      if (!send(SseEvent(TextChunk(ctx_, run.echo, run.index, prompt, 0)))) return false;
+      for (const TokenLogprobs& lp : prompt) run.text_offset += lp.piece.size();
+    }
     if (!(ctx_.tools ? SendToolModeText(run, t, send) : SendNews(run, t, send))) return false;
     if (!t.finished) continue;
     run.done = true;

@@ -30,6 +30,10 @@ struct ChoiceRun {
   serving::GenerationRequest request;  // moved into the backend at Submit
   std::shared_ptr<RequestSink> sink;
   std::string echo;  // completions echo: the prompt's text, sent before the output
+  // echo with logprobs: the prompt's tokens (the first without a value), which precede the
+  // output's in the logprobs; streamed, the echo waits for them.
+  std::vector<TokenLogprobs> prompt_logprobs;
+  bool echo_waits = false;
   // Output gathered so far.
   std::string text;
   std::vector<TokenLogprobs> logprobs;

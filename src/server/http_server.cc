@@ -290,10 +290,6 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
   if (!error) {
     if (Status st = parsed.sampling.ValidateTokens(model_.tokenizer->vocab_size()); !st.ok()) {
       error = ApiError::BadRequest(st.message());
-    } else if (parsed.echo && parsed.sampling.logprobs >= 0) {
-      error = ApiError::BadRequest(
-          "'echo' together with 'logprobs' (prompt logprobs) is not supported by this server",
-          "echo");
     }
   }
   if (error) {
@@ -348,7 +344,7 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
           info.total_seconds, info.message.empty() ? "" : " message=", info.message);
     };
     RequestSink::Extras extras{parsed.sampling.stop_token_ids, parsed.sampling.logprobs >= 0,
-                               doorbell};
+                               doorbell, g.prompt_tokens.front()};
     run.sink = std::make_shared<RequestSink>(model_.tokenizer, parsed.stop, parsed.ignore_eos,
                                              std::move(on_finish), std::move(extras));
     runs.push_back(std::move(run));

@@ -365,6 +365,8 @@ std::optional<ApiError> ParseOutputControls(const json& body, Endpoint endpoint,
   if (i && *i != out->n) return Unsupported("best_of", "best_of other than n");
   if (endpoint == Endpoint::kCompletions) {
     if (auto e = GetBool(body, "echo", &out->echo)) return e;
+    // echo with logprobs: the prompt's tokens are scored too.
+    if (out->echo) s.prompt_logprobs = s.logprobs;
   }
   return std::nullopt;
 }
@@ -599,7 +601,9 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
 
     std::optional<int64_t> max_tokens;
     std::optional<int64_t> max_completion_tokens;
-    if (auto e = GetInt(body, "max_tokens", 1, limits.max_model_len, &max_tokens)) return e;
+    // 0 only to score a prompt (completions' echo with logprobs, as evaluation harnesses send).
+    const int64_t fewest = out->echo && out->sampling.logprobs >= 0 ? 0 : 1;
+    if (auto e = GetInt(body, "max_tokens", fewest, limits.max_model_len, &max_tokens)) return e;
     if (auto e = GetInt(body, "max_completion_tokens", 1, limits.max_model_len,
                         &max_completion_tokens)) {
       return e;

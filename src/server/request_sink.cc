@@ -48,6 +48,23 @@ bool RequestSink::WaitStarted(std::chrono::steady_clock::time_point deadline) {
   });
 }
 
+void RequestSink::OnPromptLogprobs(std::vector<engine::SampledToken> tokens) {
+  std::vector<TokenLogprobs> out;
+  out.reserve(tokens.size() + 1);
+  out.push_back({tokenizer_->TokenToPiece(extras_.first_prompt_token), std::nullopt, {}});
+  for (const engine::SampledToken& t : tokens) {
+    TokenLogprobs entry{tokenizer_->TokenToPiece(t.token), t.logprob, {}};
+    for (const auto& alt : t.top)
+      entry.top.emplace_back(tokenizer_->TokenToPiece(alt.token), alt.logprob);
+    out.push_back(std::move(entry));
+  }
+  {
+    MutexLock lock(&mu_);
+    pending_prompt_logprobs_ = std::move(out);
+  }
+  Notify();
+}
+
 bool RequestSink::OnToken(const engine::SampledToken& sampled) {
   const int32_t token = sampled.token;
   bool first = false;
@@ -112,8 +129,10 @@ RequestSink::Taken RequestSink::Wait(std::chrono::steady_clock::duration timeout
   MutexLock lock(&mu_);
   cv_.WaitFor(&mu_, timeout, [&] {
     mu_.AssertHeld();
-    return !pending_.empty() || !pending_logprobs_.empty() || finished_;
+    return !pending_.empty() || !pending_logprobs_.empty() || pending_prompt_logprobs_ || finished_;
   });
+  t.prompt_logprobs = std::move(pending_prompt_logprobs_);
+  pending_prompt_logprobs_.reset();
   t.text = std::move(pending_);
   pending_.clear();
   t.logprobs = std::move(pending_logprobs_);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct RequestSinkExtras {
   bool logprobs = false;
   // Rung whenever Wait() would return something new (may be null).
   std::shared_ptr<Doorbell> doorbell;
+  // With prompt logprobs: the prompt's first token (it has no logprob; the rest come from the
+  // backend).
+  int32_t first_prompt_token = -1;
 };
 
 class RequestSink : public serving::GenerationSink {
@@ -56,6 +60,7 @@ class RequestSink : public serving::GenerationSink {
 
   // Backend side.
   bool OnToken(const engine::SampledToken& token) override TANDEM_EXCLUDES(mu_);
+  void OnPromptLogprobs(std::vector<engine::SampledToken> tokens) override TANDEM_EXCLUDES(mu_);
   void OnFinish(const serving::FinishInfo& info) override TANDEM_EXCLUDES(mu_);
 
   // HTTP side. Waits until text is pending, the request finished, or `timeout` passed; takes
@@ -66,6 +71,8 @@ class RequestSink : public serving::GenerationSink {
   struct Taken {
     std::string text;
     std::vector<TokenLogprobs> logprobs;
+    // Prompt logprobs (every prompt token, the first without a value): once, when they came.
+    std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
     bool finished = false;
     serving::FinishInfo info;
   };
@@ -93,6 +100,7 @@ class RequestSink : public serving::GenerationSink {
   CondVar cv_;
   std::string pending_ TANDEM_GUARDED_BY(mu_);
   std::vector<TokenLogprobs> pending_logprobs_ TANDEM_GUARDED_BY(mu_);
+  std::optional<std::vector<TokenLogprobs>> pending_prompt_logprobs_ TANDEM_GUARDED_BY(mu_);
   bool finished_ TANDEM_GUARDED_BY(mu_) = false;
   bool started_ TANDEM_GUARDED_BY(mu_) = false;  // a token came, or the end
   bool client_gone_ TANDEM_GUARDED_BY(mu_) = false;

@@ -24,7 +24,9 @@ bool EndsGeneration(const GenerationRequest& request, int32_t token, bool end_of
 Status ValidateRequest(const GenerationRequest& request, int vocab_size, int context_length) {
   const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
   if (n_prompt == 0) return InvalidArgument("the prompt has no tokens");
-  if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
+  if (request.max_tokens < 0 || (request.max_tokens == 0 && request.sampling.prompt_logprobs < 0)) {
+    return InvalidArgument("max_tokens must be at least 1 (0 only with prompt logprobs)");
+  }
   TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
   TANDEM_RETURN_IF_ERROR(request.sampling.ValidateTokens(vocab_size));
   for (int32_t t : request.prompt_tokens) {

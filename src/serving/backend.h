@@ -69,6 +69,9 @@ class GenerationSink {
  public:
   virtual ~GenerationSink() = default;
   virtual bool OnToken(const engine::SampledToken& token) = 0;
+  // With sampling.prompt_logprobs >= 0: once, before the first token (or the end), the prompt's
+  // tokens 1..n-1 with their logprobs given the tokens before them.
+  virtual void OnPromptLogprobs(std::vector<engine::SampledToken> /*tokens*/) {}
   virtual void OnFinish(const FinishInfo& info) = 0;
 };
 

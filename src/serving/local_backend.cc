@@ -38,6 +38,8 @@ struct Sequence {
   bool admitted_once = false;
   bool prompt_offered = false;  // prompt blocks given to the prefix cache
   int pool_known = 0;           // leading blocks known to be in the KV pool (read from it)
+  std::vector<engine::SampledToken> prompt_lp;  // prompt logprobs gathered so far
+  bool prompt_lp_sent = false;                  // the sink has them
   Clock::time_point first_scheduled{};
   Clock::time_point first_token{};
   std::optional<FinishReason> finish;
@@ -478,7 +480,9 @@ class LocalBackendImpl final : public LocalBackend {
   void Admit() {
     while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_num_seqs) {
       Sequence& s = *waiting_.front();
-      const bool matched = options_.enable_prefix_cache && s.blocks.empty();
+      // Prompt logprobs need every prompt position computed: no cached prefix then.
+      const bool matched =
+          options_.enable_prefix_cache && s.blocks.empty() && !WantsPromptLogprobs(s);
       if (matched) {
         // Reuse cached full blocks, leaving at least one token to compute (it yields logits).
         const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
@@ -644,8 +648,8 @@ class LocalBackendImpl final : public LocalBackend {
     for (const auto& p : plan) {
       Sequence& s = *p.seq;
       const bool last = s.n_computed + p.n == static_cast<int>(s.tokens.size());
-      items.push_back(
-          {s.blocks, s.n_computed, std::span(s.tokens).subspan(s.n_computed, p.n), last});
+      items.push_back({s.blocks, s.n_computed, std::span(s.tokens).subspan(s.n_computed, p.n), last,
+                       WantsPromptLogprobs(s) && s.n_computed < s.n_prompt});
     }
     // Observers (prefill side of disaggregation) see each layer as soon as it is written.
     std::vector<std::pair<KvObserver*, size_t>> observed;  // observer, plan index
@@ -672,25 +676,36 @@ class LocalBackendImpl final : public LocalBackend {
     }
     // Draw every sequence's token on the engine's threads (each sampler is its own sequence's;
     // a draw reads only its row of logits), then hand them out in plan order.
+    // Rows of logits: one per item that wants them, n for an item with all_logits (its last row
+    // is the one to draw from); first_row[i] is item i's first.
     const int vocab = engine_->config().vocab_size;
+    std::vector<size_t> first_row(plan.size());
     std::vector<Sequence*> drawing;
-    for (size_t i = 0; i < plan.size(); ++i) {
-      if (items[i].want_logits) drawing.push_back(plan[i].seq);
+    std::vector<size_t> drawing_row;
+    for (size_t i = 0, r = 0; i < plan.size(); ++i) {
+      first_row[i] = r;
+      r += items[i].all_logits ? items[i].tokens.size() : (items[i].want_logits ? 1 : 0);
+      // A request for prompt logprobs only (max_tokens 0) draws nothing.
+      if (items[i].want_logits && plan[i].seq->req.max_tokens > 0) {
+        drawing.push_back(plan[i].seq);
+        drawing_row.push_back(r - 1);
+      }
     }
     std::vector<engine::SampledToken> drawn(drawing.size());
     const Clock::time_point sample_start = Clock::now();
-    engine_->pool().ParallelFor(
-        static_cast<int64_t>(drawing.size()), [&](int64_t begin, int64_t end, int) {
-          for (int64_t r = begin; r < end; ++r) {
-            drawn[r] = drawing[r]->sampler->Sample(
-                std::span(logits_).subspan(static_cast<size_t>(r) * vocab, vocab));
-          }
-        });
+    engine_->pool().ParallelFor(static_cast<int64_t>(drawing.size()), [&](int64_t begin,
+                                                                          int64_t end, int) {
+      for (int64_t r = begin; r < end; ++r) {
+        drawn[r] =
+            drawing[r]->sampler->Sample(std::span(logits_).subspan(drawing_row[r] * vocab, vocab));
+      }
+    });
     sampling_ns_.fetch_add(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sample_start).count());
     size_t row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence& s = *plan[i].seq;
+      if (items[i].all_logits) CollectPromptLogprobs(s, items[i], &logits_[first_row[i] * vocab]);
       s.n_computed += plan[i].n;
       if (s.n_computed <= s.n_prompt) prompt_tokens_.fetch_add(plan[i].n);
       if (!s.prompt_offered && s.n_computed >= s.n_prompt) {
@@ -698,7 +713,16 @@ class LocalBackendImpl final : public LocalBackend {
         OfferBlocks(s);
       }
       TrimWindow(s);
+      if (WantsPromptLogprobs(s) && s.n_computed >= s.n_prompt) {
+        s.prompt_lp_sent = true;
+        s.sink->OnPromptLogprobs(std::move(s.prompt_lp));
+        s.prompt_lp.clear();
+      }
       if (!items[i].want_logits) continue;
+      if (s.req.max_tokens == 0) {  // prompt logprobs only
+        SetFinish(s, FinishReason::kLength);
+        continue;
+      }
       const engine::SampledToken& sampled = drawn[row++];
       const int32_t tok = sampled.token;
       s.tokens.push_back(tok);
@@ -716,6 +740,24 @@ class LocalBackendImpl final : public LocalBackend {
       }
     }
     ReapFinished();
+  }
+
+  static bool WantsPromptLogprobs(const Sequence& s) {
+    return s.req.sampling.prompt_logprobs >= 0 && !s.prompt_lp_sent;
+  }
+
+  // Prompt logprobs: row j of an all_logits item (position start + j) scores the prompt token
+  // at start + j + 1.
+  void CollectPromptLogprobs(Sequence& s, const engine::BatchItem& item, const float* rows) {
+    const int vocab = engine_->config().vocab_size;
+    for (size_t j = 0; j < item.tokens.size(); ++j) {
+      const int next = item.start_pos + static_cast<int>(j) + 1;
+      if (next >= s.n_prompt) break;
+      // Entry k scores prompt token k + 1; a recomputed prefix (after preemption) has its own.
+      if (static_cast<size_t>(next - 1) != s.prompt_lp.size()) continue;
+      s.prompt_lp.push_back(engine::LogprobsOf(std::span(rows + j * vocab, vocab), s.tokens[next],
+                                               s.req.sampling.prompt_logprobs));
+    }
   }
 
   // Adds a forward step's time to the busy counters, split by its tokens: a decode token is one

@@ -125,11 +125,40 @@ class LogprobsTest(unittest.TestCase):
         echo = c.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=8, temperature=0,
                                     echo=True)
         self.assertEqual(echo.choices[0].text, "Once upon a time" + plain.choices[0].text)
-        body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
-                "echo": True, "logprobs": 1}
-        r = requests.post(SERVER.base + "/v1/completions", json=body, timeout=60)
-        self.assertEqual(r.status_code, 400)
-        self.assertIn("echo", r.json()["error"]["message"])
+
+    def test_echo_with_logprobs_scores_the_prompt(self):
+        # What evaluation harnesses send: echo, logprobs, max_tokens 0.
+        c = client()
+        prompt = "The capital of France is Paris"
+        r = c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=2,
+                                 temperature=0)
+        lp = r.choices[0].logprobs
+        ids = tokenize(prompt)
+        self.assertEqual(r.choices[0].text, prompt)
+        self.assertEqual("".join(lp.tokens), prompt)
+        self.assertEqual(len(lp.tokens), len(ids))
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertIsNone(lp.top_logprobs[0])
+        self.assertEqual(r.usage.completion_tokens, 0)
+        # Each value is the log-probability the model gives that token after the ones before it:
+        # forced by logit_bias, a generated token reports its raw logprob (before the bias).
+        for k in (1, len(ids) // 2, len(ids) - 1):
+            forced = c.completions.create(model=MODEL_NAME, prompt=ids[:k], max_tokens=1, temperature=0,
+                                          logprobs=0, logit_bias={str(ids[k]): 100})
+            self.assertEqual(forced.choices[0].logprobs.tokens[0], lp.tokens[k])
+            self.assertAlmostEqual(forced.choices[0].logprobs.token_logprobs[0], lp.token_logprobs[k], places=3)
+        # With generated tokens: the prompt's entries, then the output's.
+        r2 = c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=1,
+                                  temperature=0, extra_body={"ignore_eos": True})
+        self.assertEqual(len(r2.choices[0].logprobs.tokens), len(ids) + 4)
+        self.assertEqual(r2.choices[0].logprobs.token_logprobs[:len(ids)], lp.token_logprobs)
+        self.assertTrue(r2.choices[0].text.startswith(prompt))
+        streamed_tokens = []
+        for ch in c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, echo=True, logprobs=1,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True}):
+            if ch.choices and ch.choices[0].logprobs:
+                streamed_tokens += ch.choices[0].logprobs.tokens
+        self.assertEqual(streamed_tokens, r2.choices[0].logprobs.tokens)
 
 
 class ChoicesTest(unittest.TestCase):
