@@ -5,6 +5,7 @@ aliases.
 
 Run: python3 -m unittest -v tests/server/test_api_features.py   (after building build/tandem)
 """
+import concurrent.futures
 import json
 import math
 import os
@@ -424,6 +425,33 @@ class ToolsTest(unittest.TestCase):
         r = requests.post(SERVER.base + "/v1/completions",
                           json={"model": MODEL_NAME, "prompt": "x", "tools": TOOLS}, timeout=30)
         self.assertEqual(r.status_code, 400)
+
+
+class BatchInvarianceTest(unittest.TestCase):
+    def test_features_give_the_same_answer_alone_and_under_load(self):
+        # Sampled (seeded), penalised, biased, constrained and scored requests: the answer does
+        # not depend on what else runs.
+        bodies = [
+            {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.9, "seed": 5,
+             "frequency_penalty": 0.7, "logprobs": 2},
+            {"prompt": "1, 2, 3,", "max_tokens": 16, "temperature": 0, "repetition_penalty": 1.3,
+             "logit_bias": {"28": -5}},
+            {"prompt": "A person as JSON:", "max_tokens": 120, "temperature": 0.8, "seed": 9,
+             "response_format": person_format()},
+            {"prompt": "The quick brown fox", "max_tokens": 2, "echo": True, "logprobs": 1, "temperature": 0},
+        ]
+
+        def run(body):
+            r = requests.post(SERVER.base + "/v1/completions", json=dict(body, model=MODEL_NAME), timeout=300)
+            self.assertEqual(r.status_code, 200, r.text)
+            c = r.json()["choices"][0]
+            return c["text"], json.dumps(c["logprobs"], sort_keys=True)
+
+        alone = [run(b) for b in bodies]
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            loaded = list(pool.map(run, bodies * 3))
+        for i, got in enumerate(loaded):
+            self.assertEqual(got, alone[i % len(bodies)], bodies[i % len(bodies)])
 
 
 class EdgesTest(unittest.TestCase):
