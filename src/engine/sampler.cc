@@ -151,14 +151,7 @@ int32_t Sampler::Draw(std::span<const float> logits) {
                         params_.top_p < 1.0f || params_.min_p > 0.0f;
   // After a refused draw: the same weights (by token id, only kept tokens non-zero) with what the
   // constraint refuses zeroed in one pass, and a draw again.
-  // Tokens weighing under kNegligibleWeight (relative to the most likely token, whose weight
-  // is 1) are left out of the redraw without asking the constraint: together they change a draw
-  // with a chance below vocabulary x 1e-12, and asking about each costs a matcher trial.
-  constexpr float kNegligibleWeight = 1e-12f;
   auto redraw_allowed = [&]() -> int32_t {
-    for (float& w : weights_) {
-      if (w < kNegligibleWeight) w = 0;
-    }
     constraint_->Restrict(weights_);
     double allowed_mass = 0;
     for (float w : weights_) allowed_mass += w;
