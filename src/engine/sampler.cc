@@ -46,7 +46,7 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
 SampledToken Sampler::Sample(std::span<const float> logits) {
   SampledToken out;
   out.token = Draw(params_.AdjustsLogits() ? Adjust(logits) : logits);
-  if (params_.logprobs >= 0) FillLogprobs(logits, &out);
+  if (params_.logprobs >= 0) out = LogprobsOf(logits, out.token, params_.logprobs);
   Record(out.token);
   return out;
 }
@@ -238,30 +238,33 @@ int32_t Sampler::Draw(std::span<const float> logits) {
   return redraw_allowed();
 }
 
-void Sampler::FillLogprobs(std::span<const float> raw, SampledToken* out) {
-  *out = LogprobsOf(raw, out->token, params_.logprobs);
-}
-
 SampledToken LogprobsOf(std::span<const float> raw, int32_t token, int top_n) {
   SampledToken out;
   out.token = token;
-  // log p(t) = logit(t) - max - log(sum exp(logit - max)), in double for the sum.
-  float max_logit = -std::numeric_limits<float>::infinity();
-  for (float l : raw) max_logit = std::max(max_logit, l);
-  double sum = 0;
-  for (float l : raw) sum += std::exp(static_cast<double>(l - max_logit));
-  const double log_norm = max_logit + std::log(sum);
+  // log p(t) = logit(t) - max - log(sum exp(logit - max)). Called per generated token and per
+  // scored prompt position: the exponentials go through the vector kernel into a per-thread
+  // buffer, and the top tokens are kept in a short sorted list (no vocabulary-sized sort).
+  thread_local std::vector<float> exps;
+  exps.resize(raw.size());
+  const float max_logit = raw[Argmax(raw)];
+  const double log_norm =
+      max_logit + std::log(kernels::ExpSum(raw.data(), max_logit, 1.0f, exps.data(), raw.size()));
   auto logprob = [&](int32_t id) { return static_cast<float>(raw[id] - log_norm); };
   out.logprob = logprob(token);
   const size_t k = std::min<size_t>(std::max(top_n, 0), raw.size());
   if (k == 0) return out;
-  std::vector<int32_t> ids(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) ids[i] = static_cast<int32_t>(i);
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-    return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
-  });
+  // Descending by logit, lowest id first on ties (ids arrive ascending, so a tie never displaces).
+  std::vector<int32_t> top;
+  top.reserve(k + 1);
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (top.size() == k && raw[i] <= raw[top.back()]) continue;
+    auto at = std::upper_bound(top.begin(), top.end(), raw[i],
+                               [&](float v, int32_t id) { return v > raw[id]; });
+    top.insert(at, static_cast<int32_t>(i));
+    if (top.size() > k) top.pop_back();
+  }
   out.top.reserve(k);
-  for (size_t i = 0; i < k; ++i) out.top.push_back({ids[i], logprob(ids[i])});
+  for (int32_t id : top) out.top.push_back({id, logprob(id)});
   return out;
 }
 

@@ -65,7 +65,6 @@ class Sampler {
   // The most likely token the constraint allows (any token without one).
   int32_t Greedy(std::span<const float> logits);
   bool Allowed(int32_t token) const { return !constraint_ || constraint_->Allows(token); }
-  void FillLogprobs(std::span<const float> raw, SampledToken* out);
 
   SamplingParams params_;
   std::unique_ptr<TokenConstraint> constraint_;

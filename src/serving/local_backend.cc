@@ -85,7 +85,7 @@ class LocalBackendImpl final : public LocalBackend {
   Status SubmitObserved(GenerationRequest request, std::shared_ptr<GenerationSink> sink,
                         std::shared_ptr<KvObserver> observer) override TANDEM_EXCLUDES(mu_) {
     TANDEM_RETURN_IF_ERROR(Validate(request));
-    auto seq = NewSequence(std::move(request), std::move(sink));
+    TANDEM_ASSIGN_OR_RETURN(auto seq, NewSequence(std::move(request), std::move(sink)));
     seq->observer = std::move(observer);
     MutexLock lock(&mu_);
     TANDEM_RETURN_IF_ERROR(CheckAcceptingLocked());
@@ -117,7 +117,8 @@ class LocalBackendImpl final : public LocalBackend {
     if (first_token < 0 || first_token >= engine_->config().vocab_size) {
       return InvalidArgument("first token outside the vocabulary");
     }
-    std::shared_ptr<Sequence> shared = NewSequence(std::move(request), std::move(sink));
+    TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> shared,
+                            NewSequence(std::move(request), std::move(sink)));
     auto st = RunOnLoop<bool>([this, shared, first_token]() -> StatusOr<bool> {
       Sequence& s = *shared;
       auto it = reservations_.find(s.req.id);
@@ -218,9 +219,6 @@ class LocalBackendImpl final : public LocalBackend {
   Status Validate(const GenerationRequest& request) const {
     const auto& cfg = engine_->config();
     TANDEM_RETURN_IF_ERROR(ValidateRequest(request, cfg.vocab_size, cfg.context_length));
-    if (!request.sampling.json_schema.empty()) {
-      TANDEM_RETURN_IF_ERROR(structured::CompileSchema(request.sampling.json_schema).status());
-    }
     const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
     if (kv_.BlocksFor(n_prompt + 1) > kv_.num_blocks()) {
       return OutOfRange("the prompt has " + std::to_string(n_prompt) +
@@ -230,28 +228,17 @@ class LocalBackendImpl final : public LocalBackend {
     return OkStatus();
   }
 
-  std::unique_ptr<Sequence> NewSequence(GenerationRequest request,
-                                        std::shared_ptr<GenerationSink> sink) const {
+  // InvalidArgument when the request's structured-output schema does not compile.
+  StatusOr<std::unique_ptr<Sequence>> NewSequence(GenerationRequest request,
+                                                  std::shared_ptr<GenerationSink> sink) const {
+    TANDEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<engine::TokenConstraint> constraint,
+        structured::MakeConstraint(request.sampling, [this] { return TokenTable(); }));
     auto seq = std::make_unique<Sequence>();
     seq->req = std::move(request);
     seq->sink = std::move(sink);
     seq->tokens = seq->req.prompt_tokens;
     seq->n_prompt = static_cast<int>(seq->tokens.size());
-    std::unique_ptr<engine::TokenConstraint> constraint;
-    if (!seq->req.sampling.json_schema.empty()) {
-      // Validate() compiled it already; a failure here cannot happen.
-      auto schema = structured::CompileSchema(seq->req.sampling.json_schema);
-      using ToolMode = engine::SamplingParams::ToolMode;
-      const ToolMode tools = seq->req.sampling.tool_mode;
-      if (!schema.ok()) {
-        // unreachable: Validate() compiled it
-      } else if (tools == ToolMode::kNone) {
-        constraint = structured::MakeJsonConstraint(*schema, TokenTable());
-      } else {
-        constraint =
-            structured::MakeToolCallConstraint(*schema, tools == ToolMode::kRequired, TokenTable());
-      }
-    }
     seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling, seq->req.prompt_tokens,
                                                      end_tokens_, std::move(constraint));
     return seq;

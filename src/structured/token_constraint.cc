@@ -142,4 +142,16 @@ std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
       std::move(table), ToolCallMatcher(std::move(call_schema), required));
 }
 
+StatusOr<std::unique_ptr<engine::TokenConstraint>> MakeConstraint(
+    const engine::SamplingParams& sampling,
+    const std::function<std::shared_ptr<const TokenTable>()>& table) {
+  if (sampling.json_schema.empty()) return std::unique_ptr<engine::TokenConstraint>();
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<const Schema> schema,
+                          CompileSchema(sampling.json_schema));
+  using ToolMode = engine::SamplingParams::ToolMode;
+  if (sampling.tool_mode == ToolMode::kNone) return MakeJsonConstraint(std::move(schema), table());
+  return MakeToolCallConstraint(std::move(schema), sampling.tool_mode == ToolMode::kRequired,
+                                table());
+}
+
 }  // namespace tandem::structured

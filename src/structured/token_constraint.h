@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+#include "engine/sampling_params.h"
 #include "engine/token_constraint.h"
 #include "model/tokenizer.h"
 #include "structured/json_schema.h"
@@ -38,5 +41,12 @@ std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
 std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
     std::shared_ptr<const Schema> call_schema, bool required,
     std::shared_ptr<const TokenTable> table);
+
+// The constraint a request's sampling settings ask for: none (nullptr) without a json_schema,
+// else the schema's (json_schema) or, in tool mode, the tool call's. InvalidArgument when the
+// schema does not compile. `table` is called only when a constraint is made.
+StatusOr<std::unique_ptr<engine::TokenConstraint>> MakeConstraint(
+    const engine::SamplingParams& sampling,
+    const std::function<std::shared_ptr<const TokenTable>()>& table);
 
 }  // namespace tandem::structured
