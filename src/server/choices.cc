@@ -127,16 +127,14 @@ std::optional<ToolCallOut> ChoiceSet::CallOf(const ChoiceRun& run) const {
 bool ChoiceSet::SendToolModeText(ChoiceRun& run, RequestSink::Taken& t,
                                  const std::function<bool(const std::string&)>& send) {
   if (run.message) return SendNews(run, t, send);
-  run.held += t.text;
   run.text += t.text;
-  if (structured::MayBeToolCall(run.held)) {
+  if (structured::MayBeToolCall(run.text)) {
     // Still possibly a call: hold the text, send only the logprobs.
     t.text.clear();
     return SendNews(run, t, send);
   }
   run.message = true;
-  t.text = std::move(run.held);
-  run.held.clear();
+  t.text = run.text;  // all that was held
   return SendNews(run, t, send);
 }
 
@@ -193,8 +191,7 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
         if (!send(SseEvent(FinishChunk(ctx_, "tool_calls", run.index)))) return false;
         continue;
       }
-      if (!run.held.empty() && !send(SseEvent(TextChunk(ctx_, run.held, run.index)))) return false;
-      run.held.clear();
+      if (!run.text.empty() && !send(SseEvent(TextChunk(ctx_, run.text, run.index)))) return false;
     }
     if (!Succeeded(run.info)) {
       // One failed choice fails the response: the error event, then the end.

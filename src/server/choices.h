@@ -39,9 +39,8 @@ struct ChoiceRun {
   std::vector<TokenLogprobs> logprobs;
   int64_t text_offset = 0;  // bytes of the choice's text already sent (streaming)
   bool started = false;     // streaming: the role chunk / echo went out
-  // Tool mode, streaming: text held back while the answer may still be a call; `message` once
-  // it cannot be one (the held text went out as content).
-  std::string held;
+  // Tool mode, streaming: `text` is held back while the answer may still be a call; `message`
+  // once it cannot be one (what was held went out as content).
   bool message = false;
   bool done = false;
   serving::FinishInfo info;

@@ -178,7 +178,7 @@ bool JsonMatcher::StartValue(Frame& f, unsigned char c) {
       f.type = Type::kNumber;
       f.state = kNumStart;
       f.count = 0;
-      f.literal_enum = kind == kInteger;  // reused as "integer only"
+      f.integer = kind == kInteger;
       bool handled = true;
       return NumberByte(f, c, &handled) && handled;
     }
@@ -419,7 +419,7 @@ bool JsonMatcher::StringByte(Frame& f, unsigned char c) {
 
 bool JsonMatcher::NumberByte(Frame& f, unsigned char c, bool* handled) {
   *handled = true;
-  const bool integer = f.literal_enum;
+  const bool integer = f.integer;
   const bool digit = IsDigit(c);
   uint8_t next = 255;  // 255: c does not extend the number
   switch (f.state) {

@@ -54,6 +54,7 @@ class JsonMatcher {
     uint8_t state = 0;
     bool is_key = false;        // kString: an object key (bytes go to buf_)
     bool literal_enum = false;  // kLiteral: the node's enum texts (else true/false/null)
+    bool integer = false;       // kNumber: digits only (no fraction or exponent)
     int node = 0;
     int count = 0;      // array items, string code points, number characters
     int utf8_left = 0;  // kString: continuation bytes still expected
