@@ -547,6 +547,20 @@ std::optional<ApiError> ParseResponseFormat(const json& body, engine::SamplingPa
 
 }  // namespace
 
+std::optional<ApiError> CheckModel(const std::string& name, const ProtocolLimits& limits) {
+  if (name == limits.served_model_name ||
+      std::find(limits.aliases.begin(), limits.aliases.end(), name) != limits.aliases.end()) {
+    return std::nullopt;
+  }
+  ApiError e;
+  e.status = 404;
+  e.message = "The model '" + name + "' does not exist; this server serves '" +
+              limits.served_model_name + "'.";
+  e.param = "model";
+  e.code = "model_not_found";
+  return e;
+}
+
 std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_text,
                                      const ProtocolLimits& limits, ParsedRequest* out) {
   json body;
@@ -561,25 +575,12 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
   out->endpoint = endpoint;
 
   try {
+    // Responses carry the name the client used (one of the served names), else the main one.
+    out->model = limits.served_model_name;
     if (const json* m = Field(body, "model")) {
       if (!m->is_string()) return WrongType("model", "a string", *m);
-      const std::string& name = m->get_ref<const std::string&>();
-      if (name != limits.served_model_name &&
-          std::find(limits.aliases.begin(), limits.aliases.end(), name) == limits.aliases.end()) {
-        ApiError e;
-        e.status = 404;
-        e.message = "The model '" + name + "' does not exist; this server serves '" +
-                    limits.served_model_name + "'.";
-        e.param = "model";
-        e.code = "model_not_found";
-        return e;
-      }
-    }
-    // Responses carry the name the client used (one of the served names), else the main one.
-    if (const json* m = Field(body, "model")) {
+      if (auto e = CheckModel(m->get<std::string>(), limits)) return e;
       out->model = m->get<std::string>();
-    } else {
-      out->model = limits.served_model_name;
     }
 
     if (endpoint == Endpoint::kChatCompletions) {

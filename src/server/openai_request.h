@@ -71,6 +71,9 @@ struct ParsedRequest {
   double slo_tbt_ms = 0;
 };
 
+// 404 model_not_found unless `name` is the served name or one of its aliases.
+std::optional<ApiError> CheckModel(const std::string& name, const ProtocolLimits& limits);
+
 // Parses `body` for `endpoint`. On failure returns the error; `out` is then unspecified.
 std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body,
                                      const ProtocolLimits& limits, ParsedRequest* out);

@@ -88,10 +88,8 @@ std::optional<ApiError> Detokenize(std::string_view body_text, const ProtocolLim
   json body;
   if (auto e = ParseObject(body_text, &body)) return e;
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
-    // Checked as the generation endpoints do (a stand-in prompt satisfies the parser).
-    ParsedRequest parsed;
-    const std::string probe = json{{"model", *it}, {"prompt", "x"}}.dump();
-    if (auto e = ParseRequest(Endpoint::kCompletions, probe, limits, &parsed)) return e;
+    if (!it->is_string()) return ApiError::BadRequest("'model' must be a string", "model");
+    if (auto e = CheckModel(it->get<std::string>(), limits)) return e;
   }
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array()) {
