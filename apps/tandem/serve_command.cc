@@ -89,6 +89,11 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(2, 1 << 24));
   cmd->add_option("--api-key", f.api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/* (or env TANDEM_API_KEY)");
+  cmd->add_option("--allowed-origins", f.allowed_origins,
+                  "Browser origins allowed to call the API (CORS), e.g. https://a.example "
+                  "https://b.example; '*' any (default), '' none")
+      ->expected(1, 64)
+      ->delimiter(',');
   cmd->add_option("--served-model-name", f.served_model_names,
                   "Model names clients use, the first being the main one (default: file stem)")
       ->expected(1, 16);
@@ -286,6 +291,10 @@ int RunServe(const ServeFlags& f) {
   opts.host = f.host;
   opts.port = f.port;
   opts.api_key = f.api_key;
+  opts.allowed_origins.clear();
+  for (const std::string& origin : f.allowed_origins) {
+    if (!origin.empty()) opts.allowed_origins.push_back(origin);
+  }
   if (opts.api_key.empty()) {
     if (const char* env = std::getenv("TANDEM_API_KEY")) opts.api_key = env;
   }

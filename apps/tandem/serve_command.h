@@ -23,6 +23,7 @@ struct ServeFlags {
   int kv_cache_mb = 0;      // 0: unset
   int max_model_len = 0;    // 0: the model's context length
   std::string api_key;      // or env TANDEM_API_KEY
+  std::vector<std::string> allowed_origins = {"*"};  // CORS; "" alone: none
   // The first is the name responses carry by default; all are accepted and listed. Default: the
   // model file's stem.
   std::vector<std::string> served_model_names;

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_numbers.h"
+
 namespace tandem::cluster {
 namespace {
 
@@ -13,6 +15,9 @@ StatusOr<T> Parse(const std::string& text, const char* what, Fn fn) {
   try {
     const json j = json::parse(text);
     if (!j.is_object()) return InvalidArgument(std::string(what) + ": expected a JSON object");
+    if (!JsonFloatsBounded(j)) {
+      return InvalidArgument(std::string(what) + ": a number is out of range");
+    }
     return fn(j);
   } catch (const std::exception& e) {
     return InvalidArgument(std::string(what) + ": " + e.what());
@@ -487,6 +492,7 @@ std::string ErrorJson(const Status& st) {
 Status StatusFromErrorJson(const std::string& text, const std::string& fallback) {
   try {
     const json j = json::parse(text);
+    if (!JsonFloatsBounded(j)) return Internal(fallback);
     const json& e = j.at("error");
     Status st(CodeFromName(e.value("code", "INTERNAL")), e.value("message", fallback));
     return st.ok() ? Internal(fallback) : st;

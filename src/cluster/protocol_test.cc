@@ -122,6 +122,16 @@ TEST(ProtocolTest, BadMessagesAreRefusedClearly) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(DecodeEvent::FromJson(R"({"event":"party"})").status().code(),
             StatusCode::kInvalidArgument);
+  // Found by fuzz/fuzz_worker_protocol.cc: a float too large for the integer (or float) it is
+  // read into was cast anyway (undefined behaviour); such numbers are refused up front.
+  EXPECT_EQ(
+      DecodeCall::FromJson(R"({"id":"a","prompt_tokens":[1],"max_tokens":1.8e20})").status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeCall::FromJson(
+                R"({"id":"a","prompt_tokens":[1],"max_tokens":2,"sampling":{"temperature":1e300}})")
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(StatusFromErrorJson("garbage", "fallback").message(), "fallback");
   EXPECT_FALSE(ParseRole("x").ok());
   EXPECT_EQ(*ParseRole("prefill"), Role::kPrefill);

@@ -16,6 +16,7 @@
 #include "cluster/pool_bridge.h"
 #include "common/http.h"
 #include "common/http_status.h"
+#include "common/json_numbers.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "engine/engine.h"
@@ -594,6 +595,7 @@ class WorkerImpl final : public Worker {
     int32_t first_token = -1;
     try {
       const json j = json::parse(message);
+      if (!JsonFloatsBounded(j)) return;
       if (j.at("kind").get<std::string>() != "kv_ready") return;
       id = j.at("id").get<std::string>();
       first_token = j.at("first_token").get<int32_t>();

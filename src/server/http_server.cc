@@ -123,6 +123,7 @@ class HttpServer::Impl {
   void RespondStream(std::shared_ptr<ChoiceSet> choices, std::shared_ptr<Inflight> inflight,
                      httplib::Response& res);
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
+  bool OriginAllowed(const std::string& origin) const;  // by options_.allowed_origins
   void StatusLoop() TANDEM_EXCLUDES(status_mu_);
   void SignalStatusStop() TANDEM_EXCLUDES(status_mu_);
   // status_thread_ is started and joined by Run() only.
@@ -249,6 +250,27 @@ void HttpServer::Impl::SetUpRoutes() {
 
 httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
                                                             httplib::Response& res) {
+  // CORS: an allowed origin's requests carry its grant whatever the answer (errors too, so a
+  // browser client can read them); a preflight is answered here, before the API key check,
+  // since browsers never send credentials with one.
+  const std::string origin = req.get_header_value("Origin");
+  const bool origin_allowed = !origin.empty() && OriginAllowed(origin);
+  if (origin_allowed) {
+    res.set_header("Access-Control-Allow-Origin", origin);
+    res.set_header("Vary", "Origin");
+  }
+  if (req.method == "OPTIONS") {
+    res.status = 204;
+    res.set_header("Allow", "GET, POST, OPTIONS");
+    if (origin_allowed) {
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers",
+                     asked.empty() ? "Authorization, Content-Type" : asked);
+      res.set_header("Access-Control-Max-Age", "86400");
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }
   const bool protected_path =
       req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
   if (!protected_path) return httplib::Server::HandlerResponse::Unhandled;
@@ -271,6 +293,13 @@ httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Reque
     return httplib::Server::HandlerResponse::Handled;
   }
   return httplib::Server::HandlerResponse::Unhandled;
+}
+
+bool HttpServer::Impl::OriginAllowed(const std::string& origin) const {
+  for (const std::string& allowed : options_.allowed_origins) {
+    if (allowed == "*" || allowed == origin) return true;
+  }
+  return false;
 }
 
 void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request& req,

@@ -38,6 +38,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;      // 0: any free port (see HttpServer::port())
   std::string api_key;  // empty: no authentication
+  // Browser origins (e.g. "https://chat.example.com") whose pages may call the API: their
+  // requests get Access-Control-Allow-Origin, their preflights (OPTIONS, never behind the API
+  // key) an answer. "*": any origin (vLLM's and llama-server's default); empty: none.
+  std::vector<std::string> allowed_origins = {"*"};
   std::string served_model_name = "model";
   std::vector<std::string> model_aliases;  // further names clients may use for the model
   int max_model_len = 2048;                // tokens, prompt + completion

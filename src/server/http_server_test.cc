@@ -296,6 +296,53 @@ TEST_F(HttpServerTest, ApiKey) {
   EXPECT_EQ(c.Get("/health")->status, 200);
 }
 
+// Browsers preflight a cross-origin call without credentials: the preflight is answered
+// before the API key is checked, and the answers (errors included) carry the origin's grant.
+TEST_F(HttpServerTest, CorsPreflightWorksWithAnApiKey) {
+  ServerOptions o;
+  o.api_key = "sekret";
+  o.allowed_origins = {"https://app.example"};
+  StartServer(o);
+  auto c = Client();
+  const httplib::Headers preflight = {
+      {"Origin", "https://app.example"},
+      {"Access-Control-Request-Method", "POST"},
+      {"Access-Control-Request-Headers", "authorization,content-type"}};
+  auto res = c.Options("/v1/chat/completions", preflight);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 204);
+  EXPECT_EQ(res->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  EXPECT_EQ(res->get_header_value("Access-Control-Allow-Headers"), "authorization,content-type");
+  EXPECT_NE(res->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+
+  res = Post("/v1/chat/completions", kChatBody,
+             {{"Origin", "https://app.example"}, {"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+  res = Post("/v1/chat/completions", kChatBody, {{"Origin", "https://app.example"}});
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(res->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
+
+  // Another origin gets no grant (the browser then refuses the call), preflight or not.
+  res = c.Options("/v1/chat/completions",
+                  {{"Origin", "https://evil.example"}, {"Access-Control-Request-Method", "POST"}});
+  ASSERT_TRUE(res);
+  EXPECT_FALSE(res->has_header("Access-Control-Allow-Origin"));
+  res = Post("/v1/chat/completions", kChatBody,
+             {{"Origin", "https://evil.example"}, {"Authorization", "Bearer sekret"}});
+  EXPECT_FALSE(res->has_header("Access-Control-Allow-Origin"));
+}
+
+TEST_F(HttpServerTest, CorsAnyOriginByDefault) {
+  StartServer();
+  auto res = Post("/v1/chat/completions", kChatBody, {{"Origin", "https://any.example"}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Access-Control-Allow-Origin"), "https://any.example");
+  EXPECT_EQ(res->get_header_value("Vary"), "Origin");
+}
+
 TEST_F(HttpServerTest, BackendRejectionsMapTo429And503) {
   StartServer();
   backend_->FailNextSubmit(ResourceExhausted("waiting queue full (256)"));

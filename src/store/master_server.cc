@@ -18,6 +18,7 @@
 
 #include "common/http.h"
 #include "common/http_status.h"
+#include "common/json_numbers.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "store/pool.h"
@@ -127,7 +128,9 @@ class MasterServerImpl final : public PoolMasterServer {
     server_.Post(path, [handler](const httplib::Request& req, httplib::Response& res) {
       const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
       StatusOr<json> reply = InvalidArgument("request body must be a JSON object");
-      if (body.is_object()) {
+      if (body.is_object() && !JsonFloatsBounded(body)) {
+        reply = InvalidArgument("request body: a number is out of range");
+      } else if (body.is_object()) {
         try {
           reply = handler(body);
         } catch (const json::exception& e) {  // a field missing or of the wrong type
@@ -136,7 +139,8 @@ class MasterServerImpl final : public PoolMasterServer {
       }
       res.status = HttpStatusFor(reply.status().code());
       const json out = reply.ok() ? *reply : json{{"error", reply.status().message()}};
-      res.set_content(out.dump(), "application/json");
+      // Error texts may quote the caller's bytes: ill-formed UTF-8 is replaced, never a throw.
+      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     });
   }
 

@@ -10,6 +10,7 @@
 
 #include "common/http.h"
 #include "common/http_status.h"
+#include "common/json_numbers.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "store/pool.h"
@@ -315,6 +316,7 @@ class PoolClientImpl final : public PoolClient {
                          " unreachable: " + httplib::to_string(res.error()));
     }
     json reply = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+    if (!JsonFloatsBounded(reply)) reply = json(json::value_t::discarded);
     if (res->status != 200) {
       const std::string why =
           reply.is_object() && reply.contains("error") && reply["error"].is_string()

@@ -327,33 +327,85 @@ bool JsonMatcher::ArrayByte(Frame& f, unsigned char c) {
   return StartValue(stack_.back(), c);
 }
 
+JsonMatcher::StringScan JsonMatcher::ScanStringByte(Frame& f, unsigned char c) {
+  if (f.utf8_left > 0) {
+    if (c < f.utf8_lo || c > f.utf8_hi) return StringScan::kBad;
+    --f.utf8_left;
+    f.utf8_lo = 0x80;
+    f.utf8_hi = 0xBF;
+    return StringScan::kContinue;
+  }
+  if (f.state == kStrEscape) {
+    static constexpr std::string_view kEscapes = "\"\\/bfnrt";
+    if (c == 'u') {
+      f.state = kStrHex0;
+      f.hex = 0;
+      return StringScan::kContinue;
+    }
+    if (f.want_low_surrogate || kEscapes.find(static_cast<char>(c)) == std::string_view::npos) {
+      return StringScan::kBad;
+    }
+    f.state = kStrPlain;
+    return StringScan::kContinue;
+  }
+  if (f.state >= kStrHex0) {
+    if (!IsHex(c)) return StringScan::kBad;
+    const int digit = f.state - kStrHex0;
+    const int v = IsDigit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
+    // Surrogates decided by the first two digits, so that no prefix is a dead end: a low one
+    // (DC00-DFFF) only right after a high one (D800-DBFF), which must be followed by a low one.
+    if (digit == 0 && f.want_low_surrogate && v != 0xD) return StringScan::kBad;
+    if (digit == 1 && f.hex == 0xD && (f.want_low_surrogate ? v < 0xC : v >= 0xC)) {
+      return StringScan::kBad;
+    }
+    f.hex = static_cast<uint16_t>(f.hex * 16 + v);
+    if (digit < 3) {
+      ++f.state;
+    } else {
+      f.want_low_surrogate = !f.want_low_surrogate && f.hex >= 0xD800 && f.hex <= 0xDBFF;
+      f.state = kStrPlain;
+    }
+    return StringScan::kContinue;
+  }
+  if (f.want_low_surrogate) {
+    if (c != '\\') return StringScan::kBad;
+    f.state = kStrEscape;
+    return StringScan::kContinue;  // the pair is one character
+  }
+  if (c == '"') return StringScan::kEnd;
+  if (c < 0x20) return StringScan::kBad;
+  if (c == '\\') {
+    f.state = kStrEscape;
+  } else if (c >= 0x80) {
+    f.utf8_lo = 0x80;
+    f.utf8_hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      f.utf8_left = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      f.utf8_left = 2;
+      if (c == 0xE0) f.utf8_lo = 0xA0;  // no overlong forms
+      if (c == 0xED) f.utf8_hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      f.utf8_left = 3;
+      if (c == 0xF0) f.utf8_lo = 0x90;  // no overlong forms
+      if (c == 0xF4) f.utf8_hi = 0x8F;  // nothing above U+10FFFF
+    } else {
+      return StringScan::kBad;
+    }
+  }
+  return StringScan::kCharStart;
+}
+
 bool JsonMatcher::StringByte(Frame& f, unsigned char c) {
   if (f.is_key) {
+    Frame& object = stack_[stack_.size() - 2];
     // Escapes only in keys that name no declared property (they are compared as written).
-    if (f.state != kStrPlain || c == '\\') {
-      const Frame& object = stack_[stack_.size() - 2];
-      if (!node(object.node).additional_allowed) return false;
-      if (buf_.size() >= static_cast<size_t>(kMaxKeyBytes)) return false;
-      if (f.state == kStrPlain) {
-        f.state = kStrEscape;
-      } else if (f.state == kStrEscape) {
-        static constexpr std::string_view kEscapes = "\"\\/bfnrt";
-        if (c == 'u') {
-          f.state = kStrHex0;
-        } else if (kEscapes.find(static_cast<char>(c)) != std::string_view::npos) {
-          f.state = kStrPlain;
-        } else {
-          return false;
-        }
-      } else {
-        if (!IsHex(c)) return false;
-        f.state = f.state == kStrHex0 + 3 ? kStrPlain : f.state + 1;
-      }
-      buf_.push_back(static_cast<char>(c));
-      return true;
-    }
-    if (c == '"') {
-      Frame& object = stack_[stack_.size() - 2];
+    const bool escape =
+        f.state != kStrPlain || f.want_low_surrogate || (c == '\\' && f.utf8_left == 0);
+    if (escape && !node(object.node).additional_allowed) return false;
+    const StringScan scan = ScanStringByte(f, c);
+    if (scan == StringScan::kBad) return false;
+    if (scan == StringScan::kEnd) {
       if (!KeyAllowed(object, buf_, /*whole=*/true)) return false;
       const SchemaNode& n = node(object.node);
       object.key_prop = -1;
@@ -368,51 +420,21 @@ bool JsonMatcher::StringByte(Frame& f, unsigned char c) {
       stack_.pop_back();
       return true;
     }
-    if (c < 0x20 || buf_.size() >= static_cast<size_t>(kMaxKeyBytes)) return false;
+    if (buf_.size() >= static_cast<size_t>(kMaxKeyBytes)) return false;
     buf_.push_back(static_cast<char>(c));
-    return KeyAllowed(stack_[stack_.size() - 2], buf_, /*whole=*/false);
+    return escape || KeyAllowed(object, buf_, /*whole=*/false);
   }
   const SchemaNode& n = node(f.node);
-  const bool room = n.max_length < 0 || f.count < n.max_length;
-  if (f.state == kStrEscape) {
-    if (c == 'u') {
-      f.state = kStrHex0;
-      return true;
-    }
-    static constexpr std::string_view kEscapes = "\"\\/bfnrt";
-    if (kEscapes.find(static_cast<char>(c)) == std::string_view::npos) return false;
-    f.state = kStrPlain;
-    return true;
-  }
-  if (f.state >= kStrHex0) {
-    if (!IsHex(c)) return false;
-    f.state = f.state == kStrHex0 + 3 ? kStrPlain : f.state + 1;
-    return true;
-  }
-  if (f.utf8_left > 0) {
-    if ((c & 0xC0) != 0x80) return false;
-    --f.utf8_left;
-    return true;
-  }
-  if (c == '"') {
+  const StringScan scan = ScanStringByte(f, c);
+  if (scan == StringScan::kBad) return false;
+  if (scan == StringScan::kEnd) {
     if (f.count < n.min_length) return false;
     EndValue();
     return true;
   }
-  if (c < 0x20 || !room) return false;
-  ++f.count;
-  if (c == '\\') {
-    f.state = kStrEscape;
-  } else if (c >= 0x80) {
-    if (c >= 0xC2 && c <= 0xDF) {
-      f.utf8_left = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      f.utf8_left = 2;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      f.utf8_left = 3;
-    } else {
-      return false;
-    }
+  if (scan == StringScan::kCharStart) {
+    if (n.max_length >= 0 && f.count >= n.max_length) return false;
+    ++f.count;
   }
   return true;
 }
@@ -462,14 +484,21 @@ bool JsonMatcher::NumberByte(Frame& f, unsigned char c, bool* handled) {
         next = kNumE;
       break;
     case kNumE:
-      if (c == '+' || c == '-')
+      if (c == '+' || c == '-') {
         next = kNumESign;
-      else if (digit)
+      } else if (digit) {
         next = kNumExp;
+        f.exp_digits = 1;
+      }
       break;
     case kNumESign:
     case kNumExp:
-      if (digit) next = kNumExp;
+      if (digit) {
+        // A double's exponent: parsers refuse (or make infinite) what overflows it.
+        f.exp_digits = f.state == kNumESign ? 1 : f.exp_digits + 1;
+        if (f.exp_digits > kMaxExponentDigits) return false;
+        next = kNumExp;
+      }
       break;
   }
   if (next != 255) {

@@ -6,8 +6,8 @@
 // property at most once and the required ones before '}', well-formed UTF-8 inside strings, at
 // most kMaxWhitespaceRun whitespace bytes in a row outside strings, one line break among them (a
 // small model must not pad forever; pretty-printing still fits), numbers of at most kMaxNumberChars
-// characters, escapes only in keys of objects that allow undeclared properties (keys are compared
-// with property names as written).
+// characters and kMaxExponentDigits exponent digits, escapes only in keys of objects that allow
+// undeclared properties (keys are compared with property names as written).
 //
 // Cheap to copy (a small stack and one buffer): a candidate is tried on a copy.
 // Not thread-safe; one per sequence.
@@ -25,6 +25,7 @@ namespace tandem::structured {
 
 inline constexpr int kMaxWhitespaceRun = 12;  // bytes, of which one line break at most
 inline constexpr int kMaxNumberChars = 24;
+inline constexpr int kMaxExponentDigits = 2;  // |value| < 1e124: always a finite double
 inline constexpr int kMaxKeyBytes = 256;
 
 class JsonMatcher {
@@ -56,11 +57,16 @@ class JsonMatcher {
     bool literal_enum = false;  // kLiteral: the node's enum texts (else true/false/null)
     bool integer = false;       // kNumber: digits only (no fraction or exponent)
     int node = 0;
-    int count = 0;      // array items, string code points, number characters
-    int utf8_left = 0;  // kString: continuation bytes still expected
-    int key_prop = -1;  // kObject: the property being valued (-1: an additional one)
-    uint64_t used = 0;  // kObject: properties seen (bit per property index)
-    int variant = -1;   // kObject: index of the discriminating property's value
+    int count = 0;  // array items, string code points, number characters
+    // kString: UTF-8 continuation bytes still expected and the range the next one must be in
+    // (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
+    uint8_t utf8_left = 0, utf8_lo = 0x80, utf8_hi = 0xBF;
+    bool want_low_surrogate = false;  // kString: a \uD800-DBFF escape awaits its \uDC00-DFFF
+    uint16_t hex = 0;                 // kString: the \u escape's digits so far
+    uint8_t exp_digits = 0;           // kNumber: exponent digits so far
+    int key_prop = -1;                // kObject: the property being valued (-1: an additional one)
+    uint64_t used = 0;                // kObject: properties seen (bit per property index)
+    int variant = -1;                 // kObject: index of the discriminating property's value
   };
 
   bool Whitespace(unsigned char c);  // one whitespace byte outside strings: within the limits?
@@ -69,6 +75,10 @@ class JsonMatcher {
   bool ObjectByte(Frame& f, unsigned char c);
   bool ArrayByte(Frame& f, unsigned char c);
   bool StringByte(Frame& f, unsigned char c);
+  // What one byte inside a string (after its opening quote) is: refused, the closing quote,
+  // the first byte of a character (counted against length limits) or a further byte of one.
+  enum class StringScan { kBad, kEnd, kCharStart, kContinue };
+  static StringScan ScanStringByte(Frame& f, unsigned char c);
   bool NumberByte(Frame& f, unsigned char c, bool* handled);
   bool LiteralByte(Frame& f, unsigned char c, bool* handled);
   bool KeyAllowed(const Frame& object, std::string_view key, bool whole) const;

@@ -57,6 +57,33 @@ TEST(JsonMatcherTest, AcceptsValidDocumentsOfTheSchema) {
   }
 }
 
+// Found by fuzz/fuzz_json_schema.cc: strings are what strict JSON parsers accept (RFC 3629
+// UTF-8 in keys and values, \u surrogates in pairs), so that the output always parses.
+TEST(JsonMatcherTest, StringsAreWellFormedUtf8AndPairedSurrogates) {
+  const auto any = AnyObjectSchema();
+  for (const std::string doc : {
+           "{\"k\xc3\xa9\":\"\xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf\"}",
+           R"({"a":"\ud83d\ude00","\uD83D\uDE00":"\u00e9\ud7ff\ue000"})",
+       }) {
+    EXPECT_TRUE(Accepts(any, doc)) << doc;
+    EXPECT_FALSE(nlohmann::json::parse(doc, nullptr, false).is_discarded()) << doc;
+  }
+  // Each refused at its bad byte (the prefix before it is accepted).
+  for (const auto& [doc, at] : std::vector<std::pair<std::string, size_t>>{
+           {"{\"\xde\":1}", 3},                  // a lead byte without its continuation, in a key
+           {"{\"a\":\"\xc0\xaf\"}", 6},          // C0: an overlong lead byte
+           {"{\"a\":\"\xe0\x80\x80\"}", 7},      // E0 80: overlong
+           {"{\"a\":\"\xed\xa0\x80\"}", 7},      // ED A0: a UTF-8 surrogate
+           {"{\"a\":\"\xf4\x90\x80\x80\"}", 7},  // above U+10FFFF
+           {"{\"a\":\"\\udc00\"}", 9},           // a low surrogate alone
+           {"{\"a\":\"\\ud800x\"}", 12},         // a high surrogate not followed by a low one
+           {"{\"a\":\"\\ud800\\u0041\"}", 14},
+           {"{\"a\":1e-300}", 10},  // an exponent of three digits (1e300 overflows a float parse)
+       }) {
+    EXPECT_EQ(AcceptedPrefix(any, doc), at) << doc;
+  }
+}
+
 TEST(JsonMatcherTest, RefusesAtTheFirstByteThatBreaksTheSchema) {
   const auto s = Compile(kPerson);
   struct Case {

@@ -1,6 +1,7 @@
 // The small value types of transfer_engine.h: names of enums and the segment descriptor JSON.
 #include <nlohmann/json.hpp>
 
+#include "common/json_numbers.h"
 #include "transfer/transfer_engine.h"
 
 namespace tandem::transfer {
@@ -49,6 +50,7 @@ StatusOr<SegmentDescriptor> SegmentDescriptor::FromJson(const std::string& json)
   if (j.is_discarded() || !j.is_object()) {
     return DataLoss("segment descriptor is not a JSON object");
   }
+  if (!JsonFloatsBounded(j)) return DataLoss("segment descriptor: a number is out of range");
   SegmentDescriptor d;
   try {
     d.name = j.at("name").get<std::string>();

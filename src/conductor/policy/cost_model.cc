@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/json_numbers.h"
+
 namespace tandem::conductor {
 namespace {
 
@@ -115,6 +117,7 @@ StatusOr<CostModel> CostModel::FromJson(const std::string& text) {
   try {
     const json j = json::parse(text);
     if (!j.is_object()) return InvalidArgument("a cost profile must be a JSON object");
+    if (!JsonFloatsBounded(j)) return InvalidArgument("cost profile: a number is out of range");
     auto number = [&](const char* key, double* out) -> Status {
       if (!j.contains(key))
         return InvalidArgument(std::string("cost profile: '") + key + "' is missing");
