@@ -50,12 +50,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 0; i < messages.size(); ++i) {
       const model::ChatMessage& m = messages[i];
       if (gemma && i == 0 && m.role == "system" && messages.size() == 1) continue;
-      const std::string_view content =
-          gemma ? TrimWs(m.content) : m.content;
+      const std::string_view content = gemma ? TrimWs(m.content) : m.content;
       TANDEM_FUZZ_CHECK(text.find(content) != std::string::npos);
     }
-    const std::string_view header =
-        gemma ? "<start_of_turn>model\n" : "<|im_start|>assistant\n";
+    const std::string_view header = gemma ? "<start_of_turn>model\n" : "<|im_start|>assistant\n";
     TANDEM_FUZZ_CHECK(std::string_view(text).ends_with(header));
   }
   return 0;

@@ -29,8 +29,8 @@ int MemFd() {
 void TryTokenizer(const model::VocabData& vocab) {
   auto tok = model::Tokenizer::Create(vocab);
   if (!tok.ok()) return;
-  for (const char* text : {"Hello, world!  <|im_start|>\xe4\xbd\xa0\xe5\xa5\xbd \xff\x80 12345",
-                           "", " ", "\n\n\t"}) {
+  for (const char* text :
+       {"Hello, world!  <|im_start|>\xe4\xbd\xa0\xe5\xa5\xbd \xff\x80 12345", "", " ", "\n\n\t"}) {
     for (bool special : {false, true}) {
       const std::vector<int32_t> ids = (*tok)->Encode(text, (*tok)->add_bos(), special);
       for (int32_t id : ids) TANDEM_FUZZ_CHECK(id >= 0 && id < (*tok)->vocab_size());

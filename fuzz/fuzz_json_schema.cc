@@ -5,10 +5,9 @@
 // Properties: no crash or sanitizer report; trying a byte on a copy (WouldAccept) agrees with
 // feeding it; a document the matcher takes whole (every byte accepted, Complete) is JSON that
 // nlohmann::json parses, of the kind the schema's first byte allowed.
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "fuzz/fuzz_util.h"

@@ -5,10 +5,9 @@
 // lease granted last (ids are random, the fuzzer could not guess them).
 // Properties: no crash or sanitizer report; every reply is JSON, an object, with status 200
 // or an {"error"} with 400/404.
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -18,10 +17,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace proto = tandem::transfer::internal::http_protocol;
-  static constexpr const char* kPaths[] = {proto::kLeaseGrant, proto::kLeaseKeepAlive,
-                                           proto::kLeaseRevoke, proto::kPut,
-                                           proto::kGet,        proto::kDelete,
-                                           proto::kList,       "/v1/kv/unknown"};
+  static constexpr const char* kPaths[] = {
+      proto::kLeaseGrant, proto::kLeaseKeepAlive, proto::kLeaseRevoke, proto::kPut,
+      proto::kGet,        proto::kDelete,         proto::kList,        "/v1/kv/unknown"};
   tandem::transfer::internal::MetadataKvState state;
   std::string lease = "0";
   std::string_view input(reinterpret_cast<const char*>(data), size);

@@ -71,7 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckError(e);
   if (e) return 0;
   TANDEM_FUZZ_CHECK(parsed.n >= 1 && parsed.n <= fx.limits.max_n);
-  const size_t n_prompts = endpoint == server::Endpoint::kChatCompletions ? 1 : parsed.prompts.size();
+  const size_t n_prompts =
+      endpoint == server::Endpoint::kChatCompletions ? 1 : parsed.prompts.size();
   TANDEM_FUZZ_CHECK(n_prompts >= 1);
   for (size_t p = 0; p < n_prompts; ++p) {
     std::vector<int32_t> tokens;

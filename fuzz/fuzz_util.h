@@ -41,13 +41,12 @@ inline model::TextFrontEnd LoadFrontEnd(const std::string& file) {
 }
 
 // Reports a broken property and stops the run (libFuzzer saves the input as a crash).
-#define TANDEM_FUZZ_CHECK(cond)                                                  \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::fprintf(stderr, "fuzz: property failed at %s:%d: %s\n", __FILE__,     \
-                   __LINE__, #cond);                                             \
-      std::abort();                                                              \
-    }                                                                            \
+#define TANDEM_FUZZ_CHECK(cond)                                                                \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      std::fprintf(stderr, "fuzz: property failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                            \
+    }                                                                                          \
   } while (0)
 
 }  // namespace tandem::fuzz

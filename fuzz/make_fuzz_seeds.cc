@@ -46,7 +46,7 @@ void Geometry(GgufWriter& w, const std::string& arch, int vocab) {
 GgufWriter BpeModel() {
   std::vector<std::string> tokens;
   for (char c = '!'; c <= '~'; ++c) tokens.emplace_back(1, c);  // byte-level: printable ASCII
-  tokens.push_back("\xc4\xa0");                                  // byte-level space
+  tokens.push_back("\xc4\xa0");                                 // byte-level space
   tokens.push_back("ab");
   tokens.push_back("<|im_start|>");
   tokens.push_back("<|im_end|>");
@@ -79,8 +79,10 @@ GgufWriter SpmModel() {
     tokens.push_back(hex);
     types.push_back(6);
   }
-  for (const char* piece : {"\xe2\x96\x81", "\xe2\x96\x81" "a", "a", "b", "ab", "<start_of_turn>",
-                            "<end_of_turn>"}) {
+  for (const char* piece : {"\xe2\x96\x81",
+                            "\xe2\x96\x81"
+                            "a",
+                            "a", "b", "ab", "<start_of_turn>", "<end_of_turn>"}) {
     tokens.push_back(piece);
     types.push_back(tokens.back()[0] == '<' ? 3 : 1);
   }
@@ -153,10 +155,18 @@ std::vector<std::string> ProtocolSeeds() {
   segment.name = "decode-0/kv";
   segment.size = 1 << 20;
   segment.tcp_endpoint = "127.0.0.1:9100";
-  return {doc(0, info.ToJson()),      doc(1, stats.ToJson()),   doc(2, decode.ToJson()),
-          doc(3, prefill.ToJson()),   doc(4, result.ToJson()),  doc(5, token.ToJson()),
-          doc(5, finish.ToJson()),    doc(5, error.ToJson()),   doc(6, change.ToJson()),
-          doc(7, changed.ToJson()),   doc(8, segment.ToJson()), doc(9, info.cost.ToJson()),
+  return {doc(0, info.ToJson()),
+          doc(1, stats.ToJson()),
+          doc(2, decode.ToJson()),
+          doc(3, prefill.ToJson()),
+          doc(4, result.ToJson()),
+          doc(5, token.ToJson()),
+          doc(5, finish.ToJson()),
+          doc(5, error.ToJson()),
+          doc(6, change.ToJson()),
+          doc(7, changed.ToJson()),
+          doc(8, segment.ToJson()),
+          doc(9, info.cost.ToJson()),
           doc(10, ErrorJson(tandem::NotFound("no such request")))};
 }
 
@@ -191,8 +201,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  for (const auto& [name, writer] : {std::pair{"llama_bpe.gguf", BpeModel()},
-                                     std::pair{"gemma3_spm.gguf", SpmModel()}}) {
+  for (const auto& [name, writer] :
+       {std::pair{"llama_bpe.gguf", BpeModel()}, std::pair{"gemma3_spm.gguf", SpmModel()}}) {
     if (auto st = writer.WriteFile(dir + "/gguf/" + name); !st.ok()) {
       std::fprintf(stderr, "make_fuzz_seeds: %s\n", st.ToString().c_str());
       return 1;

@@ -2,8 +2,13 @@
 
 #include <pthread.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
+
+#include "common/cluster_auth.h"
+#include "common/logging.h"
 
 namespace tandem::app {
 
@@ -34,6 +39,28 @@ sigset_t BlockTerminationSignals() {
 int DefaultThreads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
+}
+
+bool SetUpClusterToken(const std::string& file, bool generate) {
+  StatusOr<bool> installed = InstallClusterTokenFrom(file);
+  if (!installed.ok()) {
+    std::fprintf(stderr, "error: %s\n", installed.status().ToString().c_str());
+    return false;
+  }
+  auto log = GetLogger("auth");
+  if (*installed) {
+    log->info("cluster token from {}: internal endpoints require it",
+              file.empty() ? std::string("$") + kClusterTokenEnv : file);
+  } else if (generate) {
+    ClusterToken token = ClusterToken::Generate();
+    ::setenv(kClusterTokenEnv, token.secret().c_str(), /*overwrite=*/1);  // for the workers
+    InstallClusterToken(std::move(token));
+    log->info("cluster token: a random one for this server's own workers");
+  } else {
+    log->warn("no cluster token (--cluster-token-file or ${}): internal endpoints are open",
+              kClusterTokenEnv);
+  }
+  return true;
 }
 
 }  // namespace tandem::app

@@ -16,4 +16,9 @@ sigset_t BlockTerminationSignals();
 // The machine's hardware threads (at least 1).
 int DefaultThreads();
 
+// Installs the process's cluster token (common/cluster_auth.h) from `file`, else from
+// $TANDEM_CLUSTER_TOKEN, else (with `generate`) a random one, exported in that variable for
+// the processes this one starts. Prints the error and returns false when the token is bad.
+bool SetUpClusterToken(const std::string& file, bool generate);
+
 }  // namespace tandem::app

@@ -37,6 +37,13 @@ void AddModelFlag(CLI::App* cmd, std::string& model) {
   cmd->add_option("--model", model, "GGUF model file (default: the bundled SmolLM2-135M)");
 }
 
+void AddClusterTokenFlag(CLI::App* cmd, std::string& file) {
+  cmd->add_option("--cluster-token-file", file,
+                  "File holding the cluster's shared secret (>= 16 bytes, mode 600): internal "
+                  "endpoints then require it (default: $TANDEM_CLUSTER_TOKEN; `serve` makes a "
+                  "random one for its own workers)");
+}
+
 CLI::Option* AddBlockTokensFlag(CLI::App* cmd, int& block_tokens) {
   return cmd
       ->add_option("--block-tokens", block_tokens, "Tokens per KV block (equal on every worker)")

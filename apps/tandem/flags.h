@@ -50,6 +50,7 @@ std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& knobs);
 // Single flags shared by several subcommands.
 void AddModelFlag(CLI::App* cmd, std::string& model);  // --model (empty: the bundled model)
 CLI::Option* AddBlockTokensFlag(CLI::App* cmd, int& block_tokens);
+void AddClusterTokenFlag(CLI::App* cmd, std::string& file);  // --cluster-token-file
 CLI::Option* AddMaxBatchTokensFlag(CLI::App* cmd, int& max_batch_tokens);
 
 }  // namespace tandem::app

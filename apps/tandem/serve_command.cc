@@ -68,6 +68,7 @@ namespace {
 // The flags `serve` and `conductor` share.
 void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
   AddModelFlag(cmd, f.model);
+  AddClusterTokenFlag(cmd, f.cluster_token_file);
   cmd->add_option("--host", f.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", f.port, "Port to listen on")
       ->check(CLI::Range(1, 65535))
@@ -251,6 +252,9 @@ int RunServe(const ServeFlags& f) {
 
   const std::string model_path = f.model.empty() ? DefaultModelPath() : f.model;
   const int threads = f.threads > 0 ? f.threads : DefaultThreads();
+  // The cluster token, before any thread talks to a peer; the workers this process starts
+  // inherit it through the environment (never on a command line, where `ps` shows it).
+  if (!SetUpClusterToken(f.cluster_token_file, /*generate=*/f.spawn_workers)) return 2;
 
   // Size the context and the KV cache from the model's shape (a cheap look at the header).
   auto file = model::GgufFile::Open(model_path);

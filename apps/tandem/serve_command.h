@@ -38,6 +38,9 @@ struct ServeFlags {
   int threads_per_worker = 0;  // 0: threads / (prefill + decode workers), at least 1
   std::string metadata;        // empty: an HTTP metadata service in this process
   bool spawn_workers = true;   // false for `tandem conductor`: workers run elsewhere
+  // The cluster token (common/cluster_auth.h); empty: $TANDEM_CLUSTER_TOKEN, else `serve`
+  // makes a random one for the workers it starts, and `conductor` runs without.
+  std::string cluster_token_file;
   // The conductor's scheduling (conductor/policy/placement.h).
   std::string placement_policy = "cache-load";
   std::string admission = "predictive";

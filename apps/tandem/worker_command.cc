@@ -76,6 +76,7 @@ int RunWorker(const WorkerFlags& f) {
   auto log = GetLogger("worker");
   const sigset_t signals = BlockTerminationSignals();
 
+  if (!SetUpClusterToken(f.cluster_token_file, /*generate=*/false)) return 2;
   cluster::WorkerOptions o;
   auto role = cluster::ParseRole(f.role);
   if (!role.ok()) {

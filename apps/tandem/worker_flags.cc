@@ -25,6 +25,7 @@ void AddWorkerFlags(CLI::App* cmd, WorkerFlags& f) {
       ->check(CLI::IsMember({"prefill", "decode", "mixed"}))
       ->capture_default_str();
   cmd->add_option("--name", f.name, "Unique name in the cluster (default: <role>-<pid>)");
+  AddClusterTokenFlag(cmd, f.cluster_token_file);
   cmd->add_option("--metadata", f.metadata,
                   "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
       ->required();

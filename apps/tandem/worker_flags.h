@@ -20,7 +20,8 @@ struct WorkerFlags {
   int port = 0;                    // 0: any free port
   int threads = 1;
   int kv_cache_tokens = 16384;
-  WorkerKnobs knobs;  // what `tandem serve` passes on unchanged
+  std::string cluster_token_file;  // empty: $TANDEM_CLUSTER_TOKEN, else none
+  WorkerKnobs knobs;               // what `tandem serve` passes on unchanged
 
   bool operator==(const WorkerFlags&) const = default;
 };

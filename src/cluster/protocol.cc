@@ -115,7 +115,7 @@ KvTarget TargetFrom(const json& j) {
 }
 
 StatusCode CodeFromName(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+  for (int c = 0; c <= static_cast<int>(kLastStatusCode); ++c) {
     if (name == StatusCodeName(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
   }
   return StatusCode::kInternal;

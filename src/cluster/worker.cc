@@ -230,6 +230,7 @@ class WorkerImpl final : public Worker {
     settings.keep_alive_max_count = 1000;
     settings.read_timeout_s = 600;  // a decode request's stream is read for its whole life
     settings.write_timeout_s = 30;
+    settings.cluster_auth = true;  // with a cluster token, only the cluster drives the worker
     TANDEM_ASSIGN_OR_RETURN(
         port_, BindHttpServer(http_, o.host, o.port, settings, "the worker's control endpoint"));
     info_.port = port_;
@@ -298,25 +299,29 @@ class WorkerImpl final : public Worker {
       }
       res.set_content(s.ToJson(), "application/json");
     });
-    http_.Post("/v1/prefill", [this](const httplib::Request& req, httplib::Response& res) {
-      HandlePrefill(req, res);
-    });
-    http_.Post("/v1/decode", [this](const httplib::Request& req, httplib::Response& res) {
-      HandleDecode(req, res);
-    });
-    http_.Post("/v1/role", [this](const httplib::Request& req, httplib::Response& res) {
-      HandleRole(req, res);
-    });
-    http_.Post("/v1/cancel", [this](const httplib::Request& req, httplib::Response& res) {
-      std::string id;
-      try {
-        id = json::parse(req.body).at("id").get<std::string>();
-      } catch (const std::exception& e) {
-        return ReplyError(res, InvalidArgument(std::string("cancel: ") + e.what()));
-      }
-      CancelPending(id, Cancelled("cancelled by the conductor"));
-      res.set_content("{}", "application/json");
-    });
+    http_.Post("/v1/prefill",
+               ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                 HandlePrefill(req, res);
+               }));
+    http_.Post("/v1/decode",
+               ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                 HandleDecode(req, res);
+               }));
+    http_.Post("/v1/role",
+               ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                 HandleRole(req, res);
+               }));
+    http_.Post("/v1/cancel",
+               ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                 std::string id;
+                 try {
+                   id = json::parse(req.body).at("id").get<std::string>();
+                 } catch (const std::exception& e) {
+                   return ReplyError(res, InvalidArgument(std::string("cancel: ") + e.what()));
+                 }
+                 CancelPending(id, Cancelled("cancelled by the conductor"));
+                 res.set_content("{}", "application/json");
+               }));
   }
 
   // ---- role ----

@@ -19,6 +19,10 @@ struct HttpServerSettings {
   int write_timeout_s = 5;       // a response not written by then is dropped
   int keep_alive_timeout_s = 5;  // an idle keep-alive connection is closed after this
   int keep_alive_max_count = 5;  // requests per connection
+  // A cluster-internal server: with a cluster token installed (common/cluster_auth.h), every
+  // call but GET .../health must carry a valid proof (else 401, counted and logged), and every
+  // answer carries the server's proof. The OpenAI front door is not one.
+  bool cluster_auth = false;
 };
 
 // Applies `settings`, sets SO_REUSEADDR only (httplib's default adds SO_REUSEPORT, which would
@@ -27,6 +31,24 @@ struct HttpServerSettings {
 // bound port, or Unavailable naming `what`. The server then runs with listen_after_bind().
 StatusOr<int> BindHttpServer(httplib::Server& server, const std::string& host, int port,
                              const HttpServerSettings& settings, const std::string& what);
+
+// Wraps a POST handler of a cluster-internal server: with a cluster token installed, it runs
+// only when the body received is the one the call's proof signed (the proof itself was checked
+// when the headers came: see HttpServerSettings::cluster_auth), else the call gets 401.
+httplib::Server::Handler ClusterBodyChecked(httplib::Server::Handler handler);
+
+// A call to a cluster-internal server: the headers proving the process's cluster token (none
+// without one), and the nonce the answer's proof must cover.
+struct ClusterCallHeaders {
+  httplib::Headers headers;
+  std::string nonce;  // empty without a token
+};
+ClusterCallHeaders SignClusterCall(const std::string& method, const std::string& path,
+                                   const std::string& body);
+// OK when `res` proves the token for the call signed with `nonce` (always, without a token);
+// Unauthenticated otherwise: the peer is not part of the cluster, its answer is not to be used.
+Status CheckClusterReply(const httplib::Response& res, const std::string& nonce,
+                         const std::string& peer);
 
 // Sets a client's timeouts from the time left until `deadline` (at least 1 ms): reading gets
 // all of it, connecting at most `connect_cap`, writing at most `write_cap`.

@@ -22,6 +22,7 @@ inline int HttpStatusFor(StatusCode code) {
     case StatusCode::kUnimplemented: return 501;
     case StatusCode::kDataLoss:
     case StatusCode::kInternal: return 500;
+    case StatusCode::kUnauthenticated: return 401;
   }
   return 500;
 }
@@ -33,6 +34,7 @@ inline StatusCode StatusCodeForHttp(int http_status) {
   if (http_status >= 200 && http_status < 300) return StatusCode::kOk;
   switch (http_status) {
     case 400: return StatusCode::kInvalidArgument;
+    case 401: return StatusCode::kUnauthenticated;
     case 404: return StatusCode::kNotFound;
     case 429: return StatusCode::kResourceExhausted;
     case 501: return StatusCode::kUnimplemented;

@@ -7,9 +7,8 @@
 // conversions are defined (modular) in C++20.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 namespace tandem {

@@ -27,7 +27,9 @@ enum class StatusCode {
   kUnavailable,
   kCancelled,
   kInternal,
+  kUnauthenticated,  // the peer did not prove it holds the cluster token (common/cluster_auth.h)
 };
+inline constexpr StatusCode kLastStatusCode = StatusCode::kUnauthenticated;
 
 const char* StatusCodeName(StatusCode code);
 
@@ -71,6 +73,9 @@ inline Status DeadlineExceeded(std::string m) {
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Unauthenticated(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
+}
 
 namespace internal {
 // Aborts with the status' text: value() of a StatusOr that holds an error (every build mode).

@@ -52,7 +52,7 @@ TEST(CheckDeathTest, FailedCheckNamesConditionAndContext) {
 // Every code the HTTP services produce comes back as a code with the same HTTP status, and the
 // canonical ones as themselves.
 TEST(HttpStatusTest, StatusCodesSurviveTheRoundTrip) {
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+  for (int c = 0; c <= static_cast<int>(kLastStatusCode); ++c) {
     const auto code = static_cast<StatusCode>(c);
     const int http = HttpStatusFor(code);
     EXPECT_EQ(HttpStatusFor(StatusCodeForHttp(http)), http) << StatusCodeName(code);

@@ -12,6 +12,17 @@ namespace {
 
 constexpr size_t kMaxIdleConnections = 16;
 
+// One call signed with the cluster token (common/http.h); *auth: whether the answer proves it.
+httplib::Result CallWorker(httplib::Client& c, const std::string& method, const std::string& path,
+                           const std::string& body, const std::string& peer, Status* auth) {
+  ClusterCallHeaders signed_call = SignClusterCall(method, path, body);
+  httplib::Result res = method == "GET"
+                            ? c.Get(path, signed_call.headers)
+                            : c.Post(path, signed_call.headers, body, "application/json");
+  *auth = res ? CheckClusterReply(*res, signed_call.nonce, peer) : OkStatus();
+  return res;
+}
+
 }  // namespace
 
 WorkerClient::WorkerClient(std::string host, int port) : host_(std::move(host)), port_(port) {}
@@ -44,10 +55,14 @@ void WorkerClient::Give(std::unique_ptr<httplib::Client> c) {
   if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(c));
 }
 
+std::string WorkerClient::Peer() const { return "worker " + host_ + ":" + std::to_string(port_); }
+
 StatusOr<cluster::WorkerStats> WorkerClient::Stats(Clock::time_point deadline) {
   auto c = Take(deadline);
-  auto res = c->Get("/stats");
+  Status auth;
+  auto res = CallWorker(*c, "GET", "/stats", "", Peer(), &auth);
   if (!res) return Unavailable("no answer to /stats: " + httplib::to_string(res.error()));
+  TANDEM_RETURN_IF_ERROR(auth);
   if (res->status != 200) return Unavailable("/stats answered " + std::to_string(res->status));
   auto stats = cluster::WorkerStats::FromJson(res->body);
   Give(std::move(c));
@@ -59,11 +74,13 @@ StatusOr<cluster::PrefillResult> WorkerClient::Prefill(const cluster::PrefillCal
                                                        bool* connection_failed) {
   // Slack past the request's deadline: the worker answers with its own timeout first.
   auto c = Take(deadline + std::chrono::seconds(5));
-  auto res = c->Post("/v1/prefill", call.ToJson(), "application/json");
+  Status auth;
+  auto res = CallWorker(*c, "POST", "/v1/prefill", call.ToJson(), Peer(), &auth);
   if (!res) {
     if (connection_failed) *connection_failed = true;
     return Unavailable("connection failed: " + httplib::to_string(res.error()));
   }
+  TANDEM_RETURN_IF_ERROR(auth);
   Give(std::move(c));
   if (res->status != 200) {
     return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
@@ -74,8 +91,10 @@ StatusOr<cluster::PrefillResult> WorkerClient::Prefill(const cluster::PrefillCal
 StatusOr<cluster::RoleChangeResult> WorkerClient::ChangeRole(const cluster::RoleChange& change,
                                                              Clock::time_point deadline) {
   auto c = Take(deadline);
-  auto res = c->Post("/v1/role", change.ToJson(), "application/json");
+  Status auth;
+  auto res = CallWorker(*c, "POST", "/v1/role", change.ToJson(), Peer(), &auth);
   if (!res) return Unavailable("no answer to /v1/role: " + httplib::to_string(res.error()));
+  TANDEM_RETURN_IF_ERROR(auth);
   Give(std::move(c));
   if (res->status != 200) {
     return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
@@ -85,8 +104,9 @@ StatusOr<cluster::RoleChangeResult> WorkerClient::ChangeRole(const cluster::Role
 
 void WorkerClient::Cancel(const std::string& id, Clock::time_point deadline) {
   auto c = Take(deadline);
-  auto res = c->Post("/v1/cancel", nlohmann::json{{"id", id}}.dump(), "application/json");
-  if (res) Give(std::move(c));
+  Status auth;
+  auto res = CallWorker(*c, "POST", "/v1/cancel", nlohmann::json{{"id", id}}.dump(), Peer(), &auth);
+  if (res && auth.ok()) Give(std::move(c));
 }
 
 Status WorkerClient::Decode(const cluster::DecodeCall& call, Clock::time_point deadline,
@@ -98,13 +118,17 @@ Status WorkerClient::Decode(const cluster::DecodeCall& call, Clock::time_point d
   req.path = "/v1/decode";
   req.body = call.ToJson();
   req.set_header("Content-Type", "application/json");
+  ClusterCallHeaders signed_call = SignClusterCall(req.method, req.path, req.body);
+  for (auto& [name, value] : signed_call.headers) req.set_header(name.c_str(), value);
   int http_status = 0;
   std::string error_body, buffer;
-  Status parse_error;
+  Status parse_error, auth;
   bool stopped = false;
   req.response_handler = [&](const httplib::Response& res) {
     http_status = res.status;
-    return true;
+    // Nothing of the stream is used unless the worker proves it holds the cluster token.
+    auth = CheckClusterReply(res, signed_call.nonce, Peer());
+    return auth.ok();
   };
   req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
     if (http_status != 200) {
@@ -130,6 +154,7 @@ Status WorkerClient::Decode(const cluster::DecodeCall& call, Clock::time_point d
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
   const bool sent = c->send(req, res, err);
+  TANDEM_RETURN_IF_ERROR(auth);
   if (!parse_error.ok()) return parse_error;
   if (http_status != 0 && http_status != 200) {
     return cluster::StatusFromErrorJson(error_body, "answered " + std::to_string(http_status));

@@ -62,6 +62,8 @@ class WorkerClient {
                 bool* connection_failed = nullptr);
 
  private:
+  // "worker host:port", for errors.
+  std::string Peer() const;
   std::unique_ptr<httplib::Client> Take(Clock::time_point deadline) TANDEM_EXCLUDES(mu_);
   void Give(std::unique_ptr<httplib::Client> c) TANDEM_EXCLUDES(mu_);
   std::unique_ptr<httplib::Client> NewClient(Clock::time_point deadline, bool keep_alive) const;

@@ -92,7 +92,8 @@ class MasterServerImpl final : public PoolMasterServer {
   Status Listen(const std::string& host, int port,
                 std::shared_ptr<transfer::MetadataStore> metadata) {
     TANDEM_ASSIGN_OR_RETURN(
-        port_, BindHttpServer(server_, host, port, HttpServerSettings{}, "pool master"));
+        port_, BindHttpServer(server_, host, port, HttpServerSettings{.cluster_auth = true},
+                              "pool master"));
     host_ = host;
     thread_ = std::thread([this] {
       server_.listen_after_bind();
@@ -125,23 +126,26 @@ class MasterServerImpl final : public PoolMasterServer {
   using Handler = std::function<StatusOr<json>(const json&)>;
 
   void Route(const char* path, Handler handler) {
-    server_.Post(path, [handler](const httplib::Request& req, httplib::Response& res) {
-      const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-      StatusOr<json> reply = InvalidArgument("request body must be a JSON object");
-      if (body.is_object() && !JsonFloatsBounded(body)) {
-        reply = InvalidArgument("request body: a number is out of range");
-      } else if (body.is_object()) {
-        try {
-          reply = handler(body);
-        } catch (const json::exception& e) {  // a field missing or of the wrong type
-          reply = InvalidArgument(std::string("bad request: ") + e.what());
-        }
-      }
-      res.status = HttpStatusFor(reply.status().code());
-      const json out = reply.ok() ? *reply : json{{"error", reply.status().message()}};
-      // Error texts may quote the caller's bytes: ill-formed UTF-8 is replaced, never a throw.
-      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-    });
+    server_.Post(path,
+                 ClusterBodyChecked([handler](const httplib::Request& req, httplib::Response& res) {
+                   const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+                   StatusOr<json> reply = InvalidArgument("request body must be a JSON object");
+                   if (body.is_object() && !JsonFloatsBounded(body)) {
+                     reply = InvalidArgument("request body: a number is out of range");
+                   } else if (body.is_object()) {
+                     try {
+                       reply = handler(body);
+                     } catch (const json::exception& e) {  // a field missing or of the wrong type
+                       reply = InvalidArgument(std::string("bad request: ") + e.what());
+                     }
+                   }
+                   res.status = HttpStatusFor(reply.status().code());
+                   const json out = reply.ok() ? *reply : json{{"error", reply.status().message()}};
+                   // Error texts may quote the caller's bytes: ill-formed UTF-8 is replaced, never
+                   // a throw.
+                   res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace),
+                                   "application/json");
+                 }));
   }
 
   StatusOr<json> Mount(const json& b) {

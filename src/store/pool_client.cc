@@ -309,12 +309,15 @@ class PoolClientImpl final : public PoolClient {
     if (until <= Clock::now()) return DeadlineExceeded("pool call " + path + " out of time");
     httplib::Client client(master->first, master->second);
     SetHttpClientDeadline(client, until, options_.rpc_timeout, options_.rpc_timeout);
-    httplib::Result res = client.Post(path, body.dump(), "application/json");
+    const std::string text = body.dump();
+    const ClusterCallHeaders signed_call = SignClusterCall("POST", path, text);
+    httplib::Result res = client.Post(path, signed_call.headers, text, "application/json");
+    const std::string peer = "pool master " + master->first + ":" + std::to_string(master->second);
     if (!res) {
       NoMaster();
-      return Unavailable("pool master " + master->first + ":" + std::to_string(master->second) +
-                         " unreachable: " + httplib::to_string(res.error()));
+      return Unavailable(peer + " unreachable: " + httplib::to_string(res.error()));
     }
+    TANDEM_RETURN_IF_ERROR(CheckClusterReply(*res, signed_call.nonce, peer));
     json reply = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
     if (!JsonFloatsBounded(reply)) reply = json(json::value_t::discarded);
     if (res->status != 200) {

@@ -37,11 +37,12 @@ class HttpServerImpl final : public MetadataHttpServer {
   HttpServerImpl() {
     for (const char* path : {proto::kLeaseGrant, proto::kLeaseKeepAlive, proto::kLeaseRevoke,
                              proto::kPut, proto::kGet, proto::kDelete, proto::kList}) {
-      server_.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
-        const internal::MetadataReply reply = state_.Call(req.path, req.body);
-        res.status = reply.http_status;
-        res.set_content(reply.body, "application/json");
-      });
+      server_.Post(path,
+                   ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                     const internal::MetadataReply reply = state_.Call(req.path, req.body);
+                     res.status = reply.http_status;
+                     res.set_content(reply.body, "application/json");
+                   }));
     }
     server_.Get(proto::kHealth, [](const httplib::Request&, httplib::Response& res) {
       res.set_content(json{{"ok", true}}.dump(), "application/json");
@@ -57,7 +58,8 @@ class HttpServerImpl final : public MetadataHttpServer {
     // Clients do not keep connections, but a burst of them should not queue behind a few
     // threads: 16 threads and the widened backlog; otherwise httplib's defaults.
     TANDEM_ASSIGN_OR_RETURN(
-        port_, BindHttpServer(server_, host, port, HttpServerSettings{}, "metadata server"));
+        port_, BindHttpServer(server_, host, port, HttpServerSettings{.cluster_auth = true},
+                              "metadata server"));
     // The socket already listens; connections queue until the thread accepts them.
     thread_ = std::thread([this] {
       server_.listen_after_bind();

@@ -1,9 +1,8 @@
 // The metadata service's store: keys, values and leases (metadata_http_server.cc has the
 // protocol and the lease semantics).
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <unordered_map>
@@ -109,8 +108,8 @@ class KvState {
     json kvs = json::array();
     for (auto it = kv_.lower_bound(prefix);
          it != kv_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
-      kvs.push_back(json{{"key", Base64Encode(it->first)},
-                         {"value", Base64Encode(it->second.value)}});
+      kvs.push_back(
+          json{{"key", Base64Encode(it->first)}, {"value", Base64Encode(it->second.value)}});
     }
     return json{{"kvs", std::move(kvs)}};
   }
@@ -194,9 +193,12 @@ MetadataKvState::~MetadataKvState() = default;
 MetadataReply MetadataKvState::Call(std::string_view path, std::string_view body) {
   using Handler = StatusOr<json> (KvState::*)(const json&);
   static const std::map<std::string_view, Handler> kRoutes = {
-      {proto::kLeaseGrant, &KvState::Grant}, {proto::kLeaseKeepAlive, &KvState::KeepAlive},
-      {proto::kLeaseRevoke, &KvState::Revoke}, {proto::kPut, &KvState::Put},
-      {proto::kGet, &KvState::Get},           {proto::kDelete, &KvState::Delete},
+      {proto::kLeaseGrant, &KvState::Grant},
+      {proto::kLeaseKeepAlive, &KvState::KeepAlive},
+      {proto::kLeaseRevoke, &KvState::Revoke},
+      {proto::kPut, &KvState::Put},
+      {proto::kGet, &KvState::Get},
+      {proto::kDelete, &KvState::Delete},
       {proto::kList, &KvState::List}};
   StatusOr<json> reply = NotFound("no call " + std::string(path));
   if (auto route = kRoutes.find(path); route != kRoutes.end()) {

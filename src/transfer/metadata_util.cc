@@ -80,11 +80,14 @@ StatusOr<JsonReply> PostJson(const std::string& host, int port, const std::strin
   // One client per call: no connection is kept, so calls from several threads never share one.
   httplib::Client client(host, port);
   SetHttpClientDeadline(client, std::chrono::steady_clock::now() + timeout, timeout, timeout);
-  httplib::Result res = client.Post(path, body.dump(), "application/json");
+  const std::string text = body.dump();
+  const ClusterCallHeaders signed_call = SignClusterCall("POST", path, text);
+  httplib::Result res = client.Post(path, signed_call.headers, text, "application/json");
   if (!res) {
     return Unavailable("metadata server " + where +
                        " unreachable: " + httplib::to_string(res.error()));
   }
+  TANDEM_RETURN_IF_ERROR(CheckClusterReply(*res, signed_call.nonce, "metadata server " + where));
   JsonReply reply;
   reply.http_status = res->status;
   if (!res->body.empty()) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "common/cluster_auth.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/tcp_transport_wire_internal.h"
@@ -34,7 +35,7 @@ using OpPtr = std::shared_ptr<TcpOp>;
 
 Status FromWireCode(uint8_t code, std::string message) {
   if (code == 0) return OkStatus();
-  if (code > static_cast<uint8_t>(StatusCode::kInternal))
+  if (code > static_cast<uint8_t>(kLastStatusCode))
     code = static_cast<uint8_t>(StatusCode::kInternal);
   return Status(static_cast<StatusCode>(code), std::move(message));
 }
@@ -176,7 +177,16 @@ class TcpConnection {
     const auto give_up = Clock::now() + kConnectTimeout;
     for (;;) {
       const Status st = FinishConnect(fd_.get(), Clock::now() + std::chrono::milliseconds(20));
-      if (st.ok()) return !broken();
+      if (st.ok()) {
+        const Status auth = InitiatorHandshake(
+            fd_.get(), [&] { return broken() || CheckDeadlines() || Clock::now() >= give_up; });
+        if (!auth.ok()) {
+          if (auth.code() == StatusCode::kUnauthenticated) CountClusterAuthRefusal();
+          Break(Unavailable("connect to " + endpoint_ + ": " + auth.message()));
+          return false;
+        }
+        return !broken();
+      }
       if (st.code() != StatusCode::kDeadlineExceeded) {
         Break(Unavailable("connect to " + endpoint_ + ": " + st.message()));
         return false;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <vector>
 
+#include "common/cluster_auth.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/tcp_transport.h"
@@ -17,7 +18,8 @@
 namespace tandem::transfer {
 namespace {
 
-constexpr uint64_t kMaxDrainBytes = uint64_t{1} << 40;  // bigger claims are framing errors
+constexpr uint64_t kMaxDrainBytes = uint64_t{1} << 40;       // bigger claims are framing errors
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);  // a peer that says nothing goes
 
 // Why a request cannot be served; OK when [offset, offset + length) lies inside the segment.
 Status CheckRange(const LocalRegion* region, const std::string& name, uint64_t offset,
@@ -131,6 +133,17 @@ void TcpServer::Serve(Conn* conn) {
   auto stop = [this] { return stopping_.load(std::memory_order_acquire); };
   std::vector<char> scratch;  // drains payloads that cannot be accepted
   int err = 0;
+  // Nothing of a segment is read or written before the peer proves the cluster token.
+  const auto handshake_deadline = std::chrono::steady_clock::now() + kHandshakeTimeout;
+  const Status auth = TargetHandshake(
+      fd, [&] { return stop() || std::chrono::steady_clock::now() >= handshake_deadline; });
+  if (!auth.ok()) {
+    CountClusterAuthRefusal();
+    log->warn("tcp listener: refused a peer: {}", auth.message());
+    ::shutdown(fd, SHUT_RDWR);
+    conn->finished.store(true, std::memory_order_release);
+    return;
+  }
   for (;;) {
     uint8_t hb[wire::kHeaderBytes];
     if (RecvExact(fd, hb, sizeof(hb), stop, &err) != IoResult::kOk) break;  // EOF: peer done

@@ -113,4 +113,11 @@ IoResult SendAll(int fd, struct iovec* iov, int iovcnt, const std::function<bool
 IoResult RecvExact(int fd, void* buf, size_t n, const std::function<bool()>& should_abort,
                    int* err);
 
+// The cluster token handshake of a new TCP connection (common/cluster_auth.h, tcp_handshake),
+// as the side that connected and as the side that accepted; OK at once without a token.
+// Unauthenticated when the peer fails to prove the token; other errors for I/O (should_abort
+// as for RecvExact bounds the wait).
+Status InitiatorHandshake(int fd, const std::function<bool()>& should_abort);
+Status TargetHandshake(int fd, const std::function<bool()>& should_abort);
+
 }  // namespace tandem::transfer
