@@ -263,6 +263,7 @@ std::string WorkerStats::ToJson() const {
               {"transfer_failures", transfer_failures},
               {"transfer_timeouts", transfer_timeouts},
               {"kv_wait_timeouts", kv_wait_timeouts},
+              {"auth_refusals", auth_refusals},
               {"cached_block_keys", cached_block_keys},
               {"pool", p}}
       .dump();
@@ -276,6 +277,7 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
     s.transfer_failures = j.value("transfer_failures", uint64_t{0});
     s.transfer_timeouts = j.value("transfer_timeouts", uint64_t{0});
     s.kv_wait_timeouts = j.value("kv_wait_timeouts", uint64_t{0});
+    s.auth_refusals = j.value("auth_refusals", uint64_t{0});
     if (j.contains("cached_block_keys")) {
       s.cached_block_keys = j.at("cached_block_keys").get<std::vector<uint64_t>>();
     }

@@ -69,6 +69,7 @@ struct WorkerStats {
   uint64_t transfer_failures = 0;  // batches that failed
   uint64_t transfer_timeouts = 0;  // batches that timed out
   uint64_t kv_wait_timeouts = 0;   // decode side: reservations whose KV never came
+  uint64_t auth_refusals = 0;      // peers refused for want of the cluster token (all endpoints)
   // Keys (serving/block_keys.h) of the KV blocks in the worker's prefix cache, in no order:
   // the conductor's view of what each worker holds (cache-aware placement).
   std::vector<uint64_t> cached_block_keys;

@@ -16,6 +16,7 @@
 #include "cluster/pool_bridge.h"
 #include "common/http.h"
 #include "common/http_status.h"
+#include "common/cluster_auth.h"
 #include "common/json_numbers.h"
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -292,6 +293,7 @@ class WorkerImpl final : public Worker {
       s.transfer_failures = transfer_failures_.load();
       s.transfer_timeouts = transfer_timeouts_.load();
       s.kv_wait_timeouts = kv_wait_timeouts_.load();
+      s.auth_refusals = ClusterAuthRefusals();
       s.cached_block_keys = backend_->CachedBlockKeys();
       if (pool_) {
         s.pool_enabled = true;

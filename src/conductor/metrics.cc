@@ -4,6 +4,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "common/cluster_auth.h"
 #include "conductor/policy/placement.h"
 
 namespace tandem::conductor {
@@ -48,6 +49,7 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
     transfer_failures += w.stats.transfer_failures;
     transfer_timeouts += w.stats.transfer_timeouts;
     kv_wait_timeouts += w.stats.kv_wait_timeouts;
+    auth_refusals += w.stats.auth_refusals;
     kv_bytes += w.stats.kv_bytes_pushed;
     if (w.stats.pool_enabled) pool[o.role] += w.stats.pool;
   }
@@ -209,6 +211,10 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
           double(totals.kv_wait_timeouts));
   counter("tandem_kv_transfer_bytes_total", "KV bytes pushed from prefill to decode workers.",
           double(totals.kv_bytes));
+  counter("tandem_cluster_auth_refusals_total",
+          "Peers refused for want of the cluster token: by this process (its metadata service, "
+          "answers to its calls) and by the live workers (control calls, KV connections).",
+          double(ClusterAuthRefusals() + totals.auth_refusals));
   // The cluster KV pool, as its clients (the workers) see it, by role.
   for (const auto& entry : totals.pool) {
     const std::string& role = entry.first;  // (clang 14 cannot capture a structured binding)

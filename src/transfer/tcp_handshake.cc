@@ -16,8 +16,10 @@ namespace hs = tcp_handshake;
 Status IoStatus(IoResult r, int err, const char* step) {
   switch (r) {
     case IoResult::kOk: return OkStatus();
-    case IoResult::kAborted: return DeadlineExceeded(std::string("handshake: ") + step + " timed out");
-    case IoResult::kClosed: return Unauthenticated(std::string("handshake: peer closed at ") + step);
+    case IoResult::kAborted:
+      return DeadlineExceeded(std::string("handshake: ") + step + " timed out");
+    case IoResult::kClosed:
+      return Unauthenticated(std::string("handshake: peer closed at ") + step);
     case IoResult::kError: break;
   }
   return Unavailable(std::string("handshake: ") + step + ": " + std::strerror(err));
@@ -43,12 +45,13 @@ Status InitiatorHandshake(int fd, const std::function<bool()>& should_abort) {
   const ClusterToken* token = InstalledClusterToken();
   if (token == nullptr) return OkStatus();
   const std::string mine = RandomBytes(hs::kNonceBytes);
-  TANDEM_RETURN_IF_ERROR(
-      Send(fd, std::string(hs::kHelloMagic, sizeof(hs::kHelloMagic)) + mine, should_abort, "hello"));
+  TANDEM_RETURN_IF_ERROR(Send(fd, std::string(hs::kHelloMagic, sizeof(hs::kHelloMagic)) + mine,
+                              should_abort, "hello"));
   std::string challenge;
   TANDEM_RETURN_IF_ERROR(Recv(fd, &challenge, hs::kChallengeBytes, should_abort, "challenge"));
   const std::string theirs = challenge.substr(0, hs::kNonceBytes);
-  if (!ConstantTimeEqual(challenge.substr(hs::kNonceBytes), hs::TargetProof(*token, mine, theirs))) {
+  if (!ConstantTimeEqual(challenge.substr(hs::kNonceBytes),
+                         hs::TargetProof(*token, mine, theirs))) {
     return Unauthenticated("the target did not prove it holds the cluster token");
   }
   return Send(fd, hs::InitiatorProof(*token, mine, theirs), should_abort, "proof");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cluster_auth.h"
 #include "transfer/tcp_transport_wire_internal.h"
 #include "transfer/transfer_engine.h"
 #include "transfer/transfer_test_util.h"
@@ -62,6 +63,25 @@ class RawClient {
     if (RecvExact(fd_.get(), text->data(), text->size(), late, &err) != IoResult::kOk) return false;
     payload->assign(h->length, '\0');
     return RecvExact(fd_.get(), payload->data(), payload->size(), late, &err) == IoResult::kOk;
+  }
+
+  // The initiator's side of the cluster token handshake, with `token` (common/cluster_auth.h);
+  // false when the target closes or (with check_target) does not prove the same token.
+  bool Handshake(const ClusterToken& token, bool check_target = true) {
+    namespace hs = tcp_handshake;
+    const std::string mine(hs::kNonceBytes, 'n');
+    if (!Send(std::string(hs::kHelloMagic, sizeof(hs::kHelloMagic)) + mine)) return false;
+    std::string challenge(hs::kChallengeBytes, '\0');
+    auto late = [limit = Clock::now() + 2s] { return Clock::now() > limit; };
+    int err = 0;
+    if (RecvExact(fd_.get(), challenge.data(), challenge.size(), late, &err) != IoResult::kOk) {
+      return false;
+    }
+    const std::string theirs = challenge.substr(0, hs::kNonceBytes);
+    if (check_target && challenge.substr(hs::kNonceBytes) != hs::TargetProof(token, mine, theirs)) {
+      return false;
+    }
+    return Send(hs::InitiatorProof(token, mine, theirs));
   }
 
   // True once the server closed the connection (within 2 s).
@@ -180,6 +200,62 @@ TEST(TcpEndpoint, Parse) {
   for (const char* bad : {"", "host", ":80", "h:0", "h:65536", "h:8x", "[::1]80", "h:"}) {
     EXPECT_EQ(ParseEndpoint(bad).status().code(), StatusCode::kInvalidArgument) << bad;
   }
+}
+
+// With a cluster token, a peer that does not prove it can neither write nor read a segment:
+// the listener closes its connection before looking at a single request.
+TEST(TcpListener, RequiresTheClusterTokenWhenOneIsInstalled) {
+  const ClusterToken token = *ClusterToken::FromSecret("listener-test-secret");
+  InstallClusterToken(token);
+  auto meta = testing::FreshEmbeddedStore();
+  auto target = testing::MakeEngine("auth-t", meta);
+  auto init = testing::MakeEngine("auth-i", meta, {Protocol::kTcp});
+  ASSERT_TRUE(target && init);
+  auto seg = target->AllocateSegment("auth-t/kv", 4096);
+  ASSERT_TRUE(seg.ok());
+  auto* mem = static_cast<uint8_t*>(*seg);
+  auto desc = SegmentDescriptor::FromJson(*meta->Get("tandem/segments/auth-t/kv"));
+  ASSERT_TRUE(desc.ok());
+  const std::string write =
+      RawClient::Request(wire::MsgType::kWrite, 1, "auth-t/kv", 0, 5, "hello");
+  const std::string read = RawClient::Request(wire::MsgType::kRead, 2, "auth-t/kv", 0, 16);
+
+  RawClient bare(desc->tcp_endpoint);  // no handshake: straight to a write
+  ASSERT_TRUE(bare.Send(write));
+  EXPECT_TRUE(bare.Closed());
+  RawClient reader(desc->tcp_endpoint);  // no handshake: a read gets nothing back
+  ASSERT_TRUE(reader.Send(read));
+  EXPECT_TRUE(reader.Closed());
+  const ClusterToken other = *ClusterToken::FromSecret("some-other-secret-x");
+  RawClient checks(desc->tcp_endpoint);  // another token: the target's proof does not check
+  EXPECT_FALSE(checks.Handshake(other));
+  RawClient wrong(desc->tcp_endpoint);  // and the target refuses a proof made with it
+  ASSERT_TRUE(wrong.Handshake(other, /*check_target=*/false));
+  ASSERT_TRUE(wrong.Send(write));
+  EXPECT_TRUE(wrong.Closed());
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(mem[i], 0);
+
+  RawClient good(desc->tcp_endpoint);
+  ASSERT_TRUE(good.Handshake(token));
+  ASSERT_TRUE(good.Send(write));
+  wire::Header h;
+  std::string text, payload;
+  ASSERT_TRUE(good.ReadReply(&h, &text, &payload));
+  EXPECT_EQ(h.code, 0) << text;
+  EXPECT_EQ(std::memcmp(mem, "hello", 5), 0);
+
+  // The engine's own TCP transport does the handshake: a batch completes.
+  std::vector<uint8_t> local(64, 7);
+  ASSERT_TRUE(init->RegisterLocalMemory(local.data(), local.size()).ok());
+  auto handle = init->OpenSegment("auth-t/kv");
+  ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+  TransferRequest r{OpCode::kWrite, local.data(), *handle, 100, local.size()};
+  auto id = init->SubmitBatch({&r, 1}, Clock::now() + 5s);
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(init->WaitBatch(*id).state, TransferState::kCompleted);
+  EXPECT_EQ(mem[100], 7);
+  EXPECT_GE(ClusterAuthRefusals(), 3u);
+  InstallClusterToken(std::nullopt);
 }
 
 }  // namespace

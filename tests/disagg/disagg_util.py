@@ -2,9 +2,12 @@
 requests, and the worker processes of a `tandem serve`."""
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
+
+import cluster_auth
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
 from server_util import GEMMA, MODEL_NAME, Server, sse_events, wait_for  # noqa: E402,F401
@@ -14,9 +17,35 @@ from server_util import GEMMA, MODEL_NAME, Server, sse_events, wait_for  # noqa:
 MAX_MODEL_LEN = 1024
 
 
-def disaggregated(*extra, threads=2):
+# A cluster token the tests give their servers (TANDEM_CLUSTER_TOKEN) when they must talk to
+# internal endpoints themselves.
+TEST_CLUSTER_TOKEN = "tandem-test-cluster-token-0123456789"
+
+
+def worker_endpoints(server):
+    """{name: (host, port)} of the server's workers, from the lines they log at start."""
+    found = re.findall(r"worker (\S+) \((?:prefill|decode|mixed)\) on ([\d.]+):(\d+);",
+                       server.log_text())
+    return {name: (host, int(port)) for name, host, port in found}
+
+
+def call_internal(host, port, path, body, secret=TEST_CLUSTER_TOKEN, timeout=10):
+    """POSTs `body` to a cluster-internal endpoint as a member of the cluster: signed with
+    `secret`, and the answer's proof checked. Returns the body; raises HTTPError on >= 400."""
+    data = json.dumps(body).encode()
+    header, nonce = cluster_auth.sign_call(secret, "POST", path, data)
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json",
+                                          "X-Tandem-Auth": header})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        if r.headers.get("X-Tandem-Auth-Reply") != cluster_auth.reply_proof(secret, nonce):
+            raise PermissionError(f"{host}:{port} did not prove the cluster token")
+        return r.read()
+
+
+def disaggregated(*extra, threads=2, env=None):
     return Server("--mode", "disaggregated", *extra, threads=threads, max_model_len=MAX_MODEL_LEN,
-                  kv_cache_tokens=8192)
+                  kv_cache_tokens=8192, env=env)
 
 
 def colocated(*extra, threads=2):

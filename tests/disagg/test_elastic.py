@@ -2,28 +2,18 @@
 none is lost or changed (greedy outputs equal those of the same server before any switch)."""
 import concurrent.futures
 import json
-import re
 import time
 import unittest
-import urllib.request
+import urllib.error
 
-from disagg_util import MODEL_NAME, disaggregated, metric, post, stream, text_of, wait_for
-
-
-def worker_endpoints(server):
-    """{name: (host, port)} of the server's workers, from the lines they log at start."""
-    found = re.findall(r"worker (\S+) \((?:prefill|decode|mixed)\) on ([\d.]+):(\d+);",
-                       server.log_text())
-    return {name: (host, int(port)) for name, host, port in found}
+from disagg_util import (MODEL_NAME, TEST_CLUSTER_TOKEN, call_internal, disaggregated, metric,
+                         post, stream, text_of, wait_for, worker_endpoints)
 
 
 def switch(endpoint, role):
+    """Asks a worker to change role, as the conductor's planner would (a signed call)."""
     host, port = endpoint
-    req = urllib.request.Request(f"http://{host}:{port}/v1/role",
-                                 data=json.dumps({"role": role, "reason": "test"}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    return json.loads(call_internal(host, port, "/v1/role", {"role": role, "reason": "test"}))
 
 
 def requests_mix(n):
@@ -42,7 +32,7 @@ def requests_mix(n):
 
 class RoleSwitchUnderLoad(unittest.TestCase):
     def test_switches_lose_no_request_and_change_no_output(self):
-        server = disaggregated("--admission", "none")
+        server = disaggregated("--admission", "none", env={"TANDEM_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN})
         try:
             bodies = requests_mix(18)
             baseline = [text_of(post(server, "/v1/completions", b)) for b in bodies]

@@ -34,7 +34,7 @@ class Server:
     """One `tandem serve` process on a free port; its log goes to a temporary file."""
 
     def __init__(self, *extra_args, threads=None, kv_cache_tokens=16384, max_model_len=2048,
-                 model=None):
+                 model=None, env=None):
         threads = threads or int(os.environ.get("TANDEM_TEST_THREADS", "2"))
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -43,7 +43,8 @@ class Server:
                 "--threads", str(threads),
                 "--kv-cache-tokens", str(kv_cache_tokens), "--max-model-len", str(max_model_len),
                 "--served-model-name", MODEL_NAME, *extra_args]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
