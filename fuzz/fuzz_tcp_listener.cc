@@ -1,6 +1,8 @@
 // The TCP transport's listener (transfer/tcp_transport_server.cc) reading what a peer sends:
-// a real TcpServer on loopback with one 64 KiB segment; each input is sent on a fresh
-// connection, which is then half-closed, and every reply is read until the server closes.
+// a real TcpServer on loopback with one 64 KiB segment, under a cluster token. Each input goes
+// on a fresh connection: byte 0 even, the harness first completes the token handshake and the
+// rest is transfer messages; odd, the rest is sent raw (an outsider: the handshake's parser).
+// Then the connection is half-closed and every reply read until the server closes.
 // Properties: no crash or sanitizer report (a write outside the segment is a heap overflow
 // ASan reports); the server ends every connection (no thread left behind); the bytes around
 // the segment, in the same allocation, are never touched.
@@ -17,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/cluster_auth.h"
 #include "fuzz/fuzz_util.h"
 #include "transfer/tcp_transport.h"
 #include "transfer/transport.h"
@@ -67,6 +70,7 @@ struct Fixture {
   OneSegmentHost host;
   std::unique_ptr<TcpServer> server;
   Fixture() {
+    InstallClusterToken(*ClusterToken::FromSecret("fuzz-cluster-token-0123"));
     auto s = TcpServer::Start(&host, "127.0.0.1", 0);
     TANDEM_FUZZ_CHECK(s.ok());
     server = std::move(*s);
@@ -94,6 +98,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   addr.sin_port = htons(static_cast<uint16_t>(fx.server->port()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   TANDEM_FUZZ_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  if (size == 0) {
+    ::close(fd);
+    return 0;
+  }
+  const bool member = data[0] % 2 == 0;
+  ++data;
+  --size;
+  if (member) {
+    // The initiator's side of the handshake (transfer/tcp_handshake.cc), blocking.
+    namespace hs = tcp_handshake;
+    const std::string mine(hs::kNonceBytes, 'i');
+    const std::string hello = std::string(hs::kHelloMagic, sizeof(hs::kHelloMagic)) + mine;
+    TANDEM_FUZZ_CHECK(::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) ==
+                      static_cast<ssize_t>(hello.size()));
+    std::string challenge(hs::kChallengeBytes, '\0');
+    for (size_t got = 0; got < challenge.size();) {
+      const ssize_t n = ::recv(fd, challenge.data() + got, challenge.size() - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      TANDEM_FUZZ_CHECK(n > 0);
+      got += static_cast<size_t>(n);
+    }
+    const std::string theirs = challenge.substr(0, hs::kNonceBytes);
+    const ClusterToken& token = *InstalledClusterToken();
+    TANDEM_FUZZ_CHECK(challenge.substr(hs::kNonceBytes) == hs::TargetProof(token, mine, theirs));
+    const std::string proof = hs::InitiatorProof(token, mine, theirs);
+    TANDEM_FUZZ_CHECK(::send(fd, proof.data(), proof.size(), MSG_NOSIGNAL) ==
+                      static_cast<ssize_t>(proof.size()));
+  }
   // The server may close early (bad framing) while we still send: ignore EPIPE.
   // libFuzzer's timeout alarm (SIGALRM) interrupts blocking calls: EINTR is retried.
   for (size_t sent = 0; sent < size;) {
@@ -123,6 +155,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const linger reset{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
   ::close(fd);
+  // The connection's thread has ended before the next input (and before the leak check, which
+  // would otherwise see the state of a thread still starting as unreferenced).
+  for (int waited_ms = 0; fx.server->active_connections() > 0; ++waited_ms) {
+    TANDEM_FUZZ_CHECK(waited_ms < 10000);
+    ::usleep(1000);
+  }
   TANDEM_FUZZ_CHECK(fx.host.GuardsIntact());
   return 0;
 }

@@ -190,7 +190,10 @@ std::vector<std::string> TcpSeeds() {
   const std::string write = Frame(MsgType::kWrite, 128, "0123456789abcdef");
   const std::string read = Frame(MsgType::kRead, 0, "");
   const std::string notify = Frame(MsgType::kNotify, 0, "kv ready", "prefill-0");
-  return {write, read, notify, write + read + notify};
+  // Byte 0 even: the harness completes the token handshake first (fuzz_tcp_listener.cc).
+  const std::string member(1, '\0');
+  return {member + write, member + read, member + notify, member + write + read + notify,
+          std::string(1, '\1') + "TDXA0123456789abcdef"};
 }
 
 }  // namespace

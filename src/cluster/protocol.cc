@@ -258,14 +258,10 @@ std::string WorkerStats::ToJson() const {
                   {"bytes_put", pool.bytes_put},
                   {"master_unavailable", pool.master_unavailable},
                   {"dram_bytes", pool.dram_bytes}};
-  return json{{"backend", StatsJson(backend)},
-              {"kv_bytes_pushed", kv_bytes_pushed},
-              {"transfer_failures", transfer_failures},
-              {"transfer_timeouts", transfer_timeouts},
-              {"kv_wait_timeouts", kv_wait_timeouts},
-              {"auth_refusals", auth_refusals},
-              {"cached_block_keys", cached_block_keys},
-              {"pool", p}}
+  return json{{"backend", StatsJson(backend)},          {"kv_bytes_pushed", kv_bytes_pushed},
+              {"transfer_failures", transfer_failures}, {"transfer_timeouts", transfer_timeouts},
+              {"kv_wait_timeouts", kv_wait_timeouts},   {"auth_refusals", auth_refusals},
+              {"cached_block_keys", cached_block_keys}, {"pool", p}}
       .dump();
 }
 

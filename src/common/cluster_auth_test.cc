@@ -78,10 +78,9 @@ TEST(CallVerifierTest, AcceptsOnlyFreshUntamperedCallsWithTheToken) {
           .count());
   const std::string n = std::string(32, 'a');
   const std::string hash(64, '0');
-  const std::string mac =
-      HexEncode(token.Mac("tandem-call-v1", {"POST", "/v1/role", ms, n, hash}));
-  const Status stale = v.Verify(token, ms + "." + n + "." + hash + "." + mac, "POST", "/v1/role",
-                                &nonce);
+  const std::string mac = HexEncode(token.Mac("tandem-call-v1", {"POST", "/v1/role", ms, n, hash}));
+  const Status stale =
+      v.Verify(token, ms + "." + n + "." + hash + "." + mac, "POST", "/v1/role", &nonce);
   EXPECT_NE(stale.message().find("time window"), std::string::npos) << stale.ToString();
 
   EXPECT_EQ(ReplyProof(token, call.nonce), ReplyProof(token, call.nonce));

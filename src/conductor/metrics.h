@@ -43,7 +43,7 @@ class ConductorMetrics {
     std::vector<One> workers;
     // Sums over live workers.
     uint64_t transfer_failures = 0, transfer_timeouts = 0, kv_wait_timeouts = 0, kv_bytes = 0;
-    uint64_t auth_refusals = 0;  // the workers' (live ones)
+    uint64_t auth_refusals = 0;                          // the workers' (live ones)
     std::map<std::string, store::PoolClientStats> pool;  // by role, over live workers using it
     void Add(const ClusterView::Worker& w, const std::string& name, Clock::time_point now);
   };

@@ -94,8 +94,13 @@ class TwoHosts(unittest.TestCase):
                    "--initial-advertise-peer-urls", f"http://{ADDR_A}:{PEER_PORT}",
                    "--initial-cluster", f"default=http://{ADDR_A}:{PEER_PORT}")
         etcd = f"etcd://{ADDR_A}:{ETCD_PORT}"
+        # One cluster token file for the three processes (as if copied to each host): the
+        # conductor's calls and the KV connections between the hosts are authenticated.
+        token_file = os.path.join(self.tmp, "cluster-token")
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("multihost-test-token-0123456789\n")
         common = ["--metadata", etcd, "--model", MODEL, "--threads", "1", "--kv-cache-tokens", "4096",
-                  "--transfer-protocols", "tcp"]
+                  "--transfer-protocols", "tcp", "--cluster-token-file", token_file]
         # etcd starts concurrently; the workers and the conductor retry until it answers.
         self.start(NS_A, "prefill", BIN, "worker", "--role", "prefill", "--name", "prefill-a",
                    "--host", ADDR_A, *common)
@@ -105,7 +110,7 @@ class TwoHosts(unittest.TestCase):
         # short prompt goes local once the first push's measured tail makes remote look slower).
         self.start(NS_A, "conductor", BIN, "conductor", "--metadata", etcd, "--model", MODEL,
                    "--host", ADDR_A, "--port", str(HTTP_PORT), "--served-model-name", MODEL_NAME,
-                   "--max-model-len", "1024", "--no-local-prefill")
+                   "--max-model-len", "1024", "--no-local-prefill", "--cluster-token-file", token_file)
         try:
             wait_for(lambda: metrics(NS_A).get('tandem_workers{role="decode",state="healthy"}') == 1
                      and metrics(NS_A).get('tandem_workers{role="prefill",state="healthy"}') == 1,
@@ -125,6 +130,7 @@ class TwoHosts(unittest.TestCase):
         self.assertEqual(m["tandem_disaggregated_requests_total"], 3)
         self.assertEqual(m["tandem_colocated_fallback_requests_total"], 0)
         self.assertGreater(m["tandem_kv_transfer_bytes_total"], 0)
+        self.assertEqual(m["tandem_cluster_auth_refusals_total"], 0)
         # Same answers as one colocated process.
         ref = colocated()
         try:
