@@ -134,7 +134,8 @@ class EtcdBackend final : public KvBackend {
 
   // POSTs and maps gateway errors (a gRPC code in the body) to Status.
   StatusOr<json> Call(const char* path, const json& request) {
-    TANDEM_ASSIGN_OR_RETURN(JsonReply reply, PostJson(host_, port_, path, request, timeout_));
+    TANDEM_ASSIGN_OR_RETURN(JsonReply reply, PostJson(host_, port_, path, request, timeout_,
+                                                      /*cluster_call=*/false));
     if (reply.http_status == 200) return reply.body.is_object() ? reply.body : json::object();
     std::string why = reply.body.dump();
     int code = 0;

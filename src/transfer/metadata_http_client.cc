@@ -83,7 +83,8 @@ class HttpBackend final : public KvBackend {
   // POSTs and maps the HTTP status back to a Status (common/http_status.h): 200 -> body,
   // 404 -> NotFound, 400 -> InvalidArgument, ...
   StatusOr<json> Call(const char* path, const json& request) {
-    TANDEM_ASSIGN_OR_RETURN(JsonReply reply, PostJson(host_, port_, path, request, timeout_));
+    TANDEM_ASSIGN_OR_RETURN(JsonReply reply, PostJson(host_, port_, path, request, timeout_,
+                                                      /*cluster_call=*/true));
     const std::string why = reply.body.is_object() && reply.body.contains("error")
                                 ? reply.body["error"].dump()
                                 : reply.body.dump();

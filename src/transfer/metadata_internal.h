@@ -36,8 +36,10 @@ struct JsonReply {
 // POSTs `body` as JSON to http://host:port/path with `timeout` for connecting, sending and
 // receiving each. Unavailable (naming host:port and path) when the server cannot be reached or
 // does not answer in time; Internal when the answer is not JSON. Any HTTP status is returned
-// as is: the caller maps it.
+// as is: the caller maps it. A `cluster_call` (tandem's own metadata server, not etcd) is
+// signed with the cluster token and its answer's proof checked (common/http.h).
 StatusOr<JsonReply> PostJson(const std::string& host, int port, const std::string& path,
-                             const nlohmann::json& body, std::chrono::milliseconds timeout);
+                             const nlohmann::json& body, std::chrono::milliseconds timeout,
+                             bool cluster_call);
 
 }  // namespace tandem::transfer::internal

@@ -75,19 +75,23 @@ StatusOr<std::string> Base64Decode(const std::string& text) {
 }
 
 StatusOr<JsonReply> PostJson(const std::string& host, int port, const std::string& path,
-                             const nlohmann::json& body, std::chrono::milliseconds timeout) {
+                             const nlohmann::json& body, std::chrono::milliseconds timeout,
+                             bool cluster_call) {
   const std::string where = host + ":" + std::to_string(port) + path;
   // One client per call: no connection is kept, so calls from several threads never share one.
   httplib::Client client(host, port);
   SetHttpClientDeadline(client, std::chrono::steady_clock::now() + timeout, timeout, timeout);
   const std::string text = body.dump();
-  const ClusterCallHeaders signed_call = SignClusterCall("POST", path, text);
+  const ClusterCallHeaders signed_call =
+      cluster_call ? SignClusterCall("POST", path, text) : ClusterCallHeaders{};
   httplib::Result res = client.Post(path, signed_call.headers, text, "application/json");
   if (!res) {
     return Unavailable("metadata server " + where +
                        " unreachable: " + httplib::to_string(res.error()));
   }
-  TANDEM_RETURN_IF_ERROR(CheckClusterReply(*res, signed_call.nonce, "metadata server " + where));
+  if (cluster_call) {
+    TANDEM_RETURN_IF_ERROR(CheckClusterReply(*res, signed_call.nonce, "metadata server " + where));
+  }
   JsonReply reply;
   reply.http_status = res->status;
   if (!res->body.empty()) {
