@@ -307,7 +307,8 @@ std::string DecodeCall::ToJson() const {
               {"timeout_ms", timeout_ms},
               {"kv_wait_ms", kv_wait_ms},
               {"local", local},
-              {"reuse_prefix", reuse_prefix}}
+              {"reuse_prefix", reuse_prefix},
+              {"resumed_output", resumed_output}}
       .dump();
 }
 
@@ -323,7 +324,11 @@ StatusOr<DecodeCall> DecodeCall::FromJson(const std::string& text) {
     c.kv_wait_ms = j.value("kv_wait_ms", int64_t{60000});
     c.local = j.value("local", false);
     c.reuse_prefix = j.value("reuse_prefix", true);
+    c.resumed_output = j.value("resumed_output", std::vector<int32_t>{});
     if (c.id.empty()) return InvalidArgument("decode call without an id");
+    if (!c.resumed_output.empty() && !c.local) {
+      return InvalidArgument("decode call: resumed output needs a local prompt");
+    }
     if (c.timeout_ms <= 0 || c.kv_wait_ms <= 0) {
       return InvalidArgument("decode call: timeouts must be positive");
     }

@@ -106,6 +106,9 @@ struct DecodeCall {
   int64_t kv_wait_ms = 60000;   // how long the reservation waits for its KV
   bool reuse_prefix = true;     // reserve only the blocks the decode side's cache lacks
   bool local = false;           // compute the prompt here (no prefill worker)
+  // local only: output the request already streamed from a decode worker that failed; this
+  // worker computes it after the prompt and continues the stream (GenerationRequest).
+  std::vector<int32_t> resumed_output = {};
 
   std::string ToJson() const;
   static StatusOr<DecodeCall> FromJson(const std::string& json);

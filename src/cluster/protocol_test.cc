@@ -132,6 +132,17 @@ TEST(ProtocolTest, BadMessagesAreRefusedClearly) {
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
+  // A migrated stream's output travels with a local decode call only.
+  DecodeCall resumed;
+  resumed.id = "r";
+  resumed.prompt_tokens = {1, 2};
+  resumed.local = true;
+  resumed.resumed_output = {7, 8, 9};
+  auto back = DecodeCall::FromJson(resumed.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->resumed_output, (std::vector<int32_t>{7, 8, 9}));
+  resumed.local = false;
+  EXPECT_EQ(DecodeCall::FromJson(resumed.ToJson()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(StatusFromErrorJson("garbage", "fallback").message(), "fallback");
   EXPECT_FALSE(ParseRole("x").ok());
   EXPECT_EQ(*ParseRole("prefill"), Role::kPrefill);

@@ -474,6 +474,7 @@ class WorkerImpl final : public Worker {
     g.max_tokens = call->max_tokens;
     g.ignore_eos = call->ignore_eos;
     g.sampling = call->sampling;
+    g.resumed_output = call->resumed_output;
     g.arrival = now;
     g.deadline = now + std::chrono::milliseconds(call->timeout_ms);
     auto stream = std::make_shared<DecodeStream>();

@@ -54,6 +54,9 @@ struct RequestRun {
   bool retry_kv = false;         // the decode worker had no room: wait and place again
   bool cancelled = false;        // the client went away
   int tokens = 0;                // tokens given to the sink
+  std::vector<int32_t> output;   // their ids (a migrated stream resumes from them)
+  std::vector<int32_t> resumed;  // output before the current attempt (sent with its call)
+  int migrations = 0;            // times the stream moved to another decode worker
   std::optional<serving::FinishInfo> finish;
   Status error;
   std::optional<PrefillResult> prefill_result;
@@ -355,13 +358,21 @@ class ConductorImpl final : public Conductor {
   // Places (or re-places) the request for its thread, waiting while no decode worker has KV
   // room; `force_local`: the decode worker computes the prompt. False when it cannot run
   // (run->error says why). An admitted request is not rejected later (kNone never rejects).
-  bool PlaceForRun(RequestRun* run, bool first, bool force_local) TANDEM_EXCLUDES(mu_) {
+  // `resume` (a stream moving off a failed decode worker): a fresh placement, computed locally,
+  // that also waits while no decode worker is up (the supervisor restarts a dead one).
+  bool PlaceForRun(RequestRun* run, bool first, bool force_local, bool resume)
+      TANDEM_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     KvWait wait(this, run);
     while (true) {
       Placement p;
       if (first) {
         p = run->placement;
+      } else if (resume) {
+        p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
+        p.local = true;
+        p.prefill = -1;
+        run->prefill.clear();
       } else if (force_local) {
         // The same decode worker computes the prompt itself (it was chosen for this request
         // and answered; a heartbeat may not have seen it since a stall).
@@ -388,18 +399,21 @@ class ConductorImpl final : public Conductor {
                      run->committed_at);
         return true;
       }
-      if (p.outcome == Placement::Outcome::kNoWorker) {
+      if (p.outcome == Placement::Outcome::kNoWorker && !resume) {
         run->error = Unavailable(p.message);
         return false;
       }
-      wait.Start();  // kWait: no decode worker has room for the prompt's KV now
+      if (p.outcome != Placement::Outcome::kNoWorker) wait.Start();  // kWait: no KV room now
       if (stop_ || cancel_all_.load()) {
         run->error = Cancelled("the server stopped");
         return false;
       }
       if (Clock::now() >= run->r.deadline) {
         run->error = DeadlineExceeded(
-            "no decode worker had room for the prompt's KV cache before the request deadline");
+            p.outcome == Placement::Outcome::kNoWorker
+                ? "no decode worker came back to continue the stream before the request deadline"
+                : "no decode worker had room for the prompt's KV cache before the request "
+                  "deadline");
         return false;
       }
       // Room appears when a request ends (notified) or a heartbeat shows evictable blocks.
@@ -663,7 +677,7 @@ class ConductorImpl final : public Conductor {
     bool local_fallback = false;
     bool first = true;
     while (true) {
-      if (!PlaceForRun(run.get(), first, local_fallback)) break;
+      if (!PlaceForRun(run.get(), first, local_fallback, /*resume=*/false)) break;
       first = false;
       if (!WaitForPrefillTurn(run.get(), /*may_replace=*/!local_fallback)) {
         MutexLock lock(&mu_);
@@ -681,7 +695,32 @@ class ConductorImpl final : public Conductor {
         view_.Release(run->load.seq, run->decode, run->prefill);
       }
       cv_.NotifyAll();
-      if (run->cancelled || run->tokens > 0 || run->finish) break;
+      if (run->cancelled || run->finish) break;
+      if (run->tokens > 0) {
+        if (!MayMigrate(*run)) break;
+        // The decode worker failed mid-stream: another one (or the restarted one) computes the
+        // prompt and the output so far, and continues the same stream.
+        log_->warn("{}: {} failed after {} tokens ({}); continuing the stream elsewhere", run->r.id,
+                   run->decode, run->tokens, run->error.message());
+        run->resumed = run->output;
+        run->error = Status();
+        ++run->migrations;
+        if (!PlaceForRun(run.get(), /*first=*/false, /*force_local=*/true, /*resume=*/true) ||
+            !WaitForPrefillTurn(run.get(), /*may_replace=*/false)) {
+          metrics_.failed_migrations.fetch_add(1);
+          break;
+        }
+        metrics_.migrations.fetch_add(1);
+        RunOnDecode(run.get(), /*local=*/true);
+        {
+          MutexLock lock(&mu_);
+          view_.Release(run->load.seq, run->decode, run->prefill);
+        }
+        cv_.NotifyAll();
+        if (run->cancelled || run->finish || !MayMigrate(*run)) break;
+        first = false;
+        continue;
+      }
       if (run->retry_kv) {
         run->error = Status();
         continue;  // the decode worker had no room after all: wait for room, place again
@@ -700,9 +739,22 @@ class ConductorImpl final : public Conductor {
     cv_.NotifyAll();
   }
 
+  // Whether a stream that broke after some tokens may continue on another decode worker: the
+  // worker failed (not the request's own deadline or input), time and output are left, and it
+  // has not moved too often already.
+  bool MayMigrate(const RequestRun& run) const {
+    constexpr int kMaxMigrations = 3;
+    const StatusCode code = run.error.code();
+    const bool worker_failed = code == StatusCode::kUnavailable || code == StatusCode::kInternal ||
+                               code == StatusCode::kDataLoss;
+    return worker_failed && !run.finish && !run.cancelled && !cancel_all_.load() &&
+           run.migrations < kMaxMigrations && run.tokens < run.r.max_tokens &&
+           run.r.sampling.prompt_logprobs < 0 && Clock::now() < run.r.deadline;
+  }
+
   void Finish(RequestRun* run, bool fell_back) TANDEM_EXCLUDES(mu_) {
-    const bool local = run->prefill.empty();
-    if (!local && run->finish) metrics_.disaggregated.fetch_add(1);
+    const bool local = run->prefill.empty() && run->migrations == 0;
+    if (!run->prefill.empty() && run->finish) metrics_.disaggregated.fetch_add(1);
     if (local && !fell_back && run->finish) metrics_.local_prefills.fetch_add(1);
     serving::FinishInfo info;
     const auto now = Clock::now();
@@ -782,9 +834,11 @@ class ConductorImpl final : public Conductor {
     // when the prefill fails, and the worker frees it at the deadline if the conductor is gone.
     call.kv_wait_ms = call.timeout_ms;
     call.local = local;
+    call.resumed_output = run->resumed;
     auto emit = [&](const engine::SampledToken& token) {
       if (run->tokens == 0) run->first_token_at = Clock::now();
       ++run->tokens;
+      run->output.push_back(token.token);
       {
         MutexLock lock(&mu_);
         view_.TokenEmitted(run->load.seq, run->decode);

@@ -195,6 +195,14 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   counter("tandem_prefill_retries_total",
           "Prefill attempts that failed and were retried elsewhere.",
           double(prefill_retries.load()));
+  counter("tandem_stream_migrations_total",
+          "Streams whose decode worker failed mid-way, continued on another decode worker (or "
+          "the restarted one) from the tokens already sent: the client saw one stream.",
+          double(migrations.load()));
+  counter("tandem_stream_migrations_failed_total",
+          "Streams whose decode worker failed mid-way and that no decode worker could continue "
+          "before the deadline (the client got an error).",
+          double(failed_migrations.load()));
   counter("tandem_worker_failures_total",
           "Requests that failed because a worker's connection broke or it answered an error.",
           double(worker_failures.load()));

@@ -66,6 +66,8 @@ class ConductorMetrics {
   std::atomic<int64_t> local_prefills{0};
   std::atomic<int64_t> kv_waits{0};
   std::atomic<int64_t> prefill_retries{0};
+  std::atomic<int64_t> migrations{0};         // streams continued on another decode worker
+  std::atomic<int64_t> failed_migrations{0};  // ... that could not be
   std::atomic<int64_t> worker_failures{0};
   std::atomic<int64_t> restarts{0};
 

@@ -29,12 +29,19 @@ Status ValidateRequest(const GenerationRequest& request, int vocab_size, int con
   }
   TANDEM_RETURN_IF_ERROR(request.sampling.Validate());
   TANDEM_RETURN_IF_ERROR(request.sampling.ValidateTokens(vocab_size));
-  for (int32_t t : request.prompt_tokens) {
-    if (t < 0 || t >= vocab_size) {
-      return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+  for (const auto* tokens : {&request.prompt_tokens, &request.resumed_output}) {
+    for (int32_t t : *tokens) {
+      if (t < 0 || t >= vocab_size) {
+        return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+      }
     }
   }
-  if (n_prompt >= context_length) {
+  const int64_t n_resumed = static_cast<int64_t>(request.resumed_output.size());
+  if (n_resumed > 0 && (n_resumed >= request.max_tokens || request.sampling.prompt_logprobs >= 0)) {
+    return InvalidArgument(
+        "a resumed stream must have output left to draw, and no prompt logprobs");
+  }
+  if (n_prompt + n_resumed >= context_length) {
     return OutOfRange("the prompt has " + std::to_string(n_prompt) +
                       " tokens; the context length is " + std::to_string(context_length));
   }

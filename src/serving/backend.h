@@ -30,6 +30,11 @@ struct GenerationRequest {
   // rejects a request it predicts would miss them, and counts those it misses.
   double slo_ttft_seconds = 0;  // time to first token
   double slo_tbt_seconds = 0;   // time between tokens (mean over the stream)
+  // Tokens this request already generated elsewhere (a stream moved off a failed decode
+  // worker): computed as context after the prompt and counted as output by the sampler
+  // (penalties, min_tokens, the constraint, each draw's seed position), so the continuation is
+  // what the first worker would have drawn. max_tokens counts them; the sink sees what follows.
+  std::vector<int32_t> resumed_output;
   Clock::time_point arrival = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();  // the request fails after this
 };

@@ -219,7 +219,8 @@ class LocalBackendImpl final : public LocalBackend {
   Status Validate(const GenerationRequest& request) const {
     const auto& cfg = engine_->config();
     TANDEM_RETURN_IF_ERROR(ValidateRequest(request, cfg.vocab_size, cfg.context_length));
-    const int64_t n_prompt = static_cast<int64_t>(request.prompt_tokens.size());
+    const int64_t n_prompt =
+        static_cast<int64_t>(request.prompt_tokens.size() + request.resumed_output.size());
     if (kv_.BlocksFor(n_prompt + 1) > kv_.num_blocks()) {
       return OutOfRange("the prompt has " + std::to_string(n_prompt) +
                         " tokens; the KV cache holds " +
@@ -238,9 +239,15 @@ class LocalBackendImpl final : public LocalBackend {
     seq->req = std::move(request);
     seq->sink = std::move(sink);
     seq->tokens = seq->req.prompt_tokens;
-    seq->n_prompt = static_cast<int>(seq->tokens.size());
     seq->sampler = std::make_unique<engine::Sampler>(seq->req.sampling, seq->req.prompt_tokens,
                                                      end_tokens_, std::move(constraint));
+    // A resumed stream: its output so far is computed with the prompt, and the sampler counts
+    // it as drawn (GenerationRequest::resumed_output).
+    const std::vector<int32_t>& resumed = seq->req.resumed_output;
+    seq->tokens.insert(seq->tokens.end(), resumed.begin(), resumed.end());
+    seq->sampler->Resume(resumed);
+    seq->n_generated = static_cast<int>(resumed.size());
+    seq->n_prompt = static_cast<int>(seq->tokens.size());
     return seq;
   }
 
@@ -715,7 +722,9 @@ class LocalBackendImpl final : public LocalBackend {
       s.tokens.push_back(tok);
       ++s.n_generated;
       generated_tokens_.fetch_add(1);
-      if (s.n_generated == 1) s.first_token = Clock::now();
+      if (s.n_generated == static_cast<int>(s.req.resumed_output.size()) + 1) {
+        s.first_token = Clock::now();
+      }
       if (!s.sink->OnToken(sampled)) {
         SetFinish(s, FinishReason::kCancelled, "cancelled by the client");
       } else if (EndsGeneration(s.req, tok, engine_->tokenizer().IsEndOfGeneration(tok)) ||

@@ -127,6 +127,41 @@ TEST(LocalBackendTest, ConcurrentRequestsGetTheirSoloOutput) {
   EXPECT_EQ(backend->Stats().running, 0);
 }
 
+// A stream resumed elsewhere (the conductor's request migration): the prompt plus the output
+// already sent, counted as output by the sampler, continues exactly where it stopped: greedy,
+// and seeded sampling with penalties (each draw's seed is its position; penalties count the
+// resumed output).
+TEST(LocalBackendTest, ResumedOutputContinuesTheSameStream) {
+  auto e = LoadEngine(8192);
+  ASSERT_NE(e, nullptr);
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64});
+  for (bool sampled : {false, true}) {
+    GenerationRequest whole = Greedy(*e, "The harbour at dawn was quiet, and", 24);
+    if (sampled) {
+      whole.sampling.temperature = 0.9f;
+      whole.sampling.top_p = 0.95f;
+      whole.sampling.seed = 1234;
+      whole.sampling.frequency_penalty = 0.7f;
+      whole.sampling.presence_penalty = 0.4f;
+    }
+    const std::vector<int32_t> full = SubmitAll(*backend, {whole})[0];
+    ASSERT_EQ(full.size(), 24u);
+    for (int k : {1, 9, 23}) {
+      GenerationRequest rest = whole;
+      rest.id = "resumed-" + std::to_string(k);
+      rest.resumed_output.assign(full.begin(), full.begin() + k);
+      const std::vector<int32_t> tail = SubmitAll(*backend, {rest})[0];
+      EXPECT_EQ(tail, std::vector<int32_t>(full.begin() + k, full.end()))
+          << (sampled ? "sampled" : "greedy") << ", resumed after " << k;
+    }
+  }
+  GenerationRequest bad = Greedy(*e, "x", 4);
+  bad.resumed_output = {1, 2, 3, 4};  // nothing left to draw
+  EXPECT_EQ(backend->Submit(bad, std::make_shared<CollectingSink>()).code(),
+            StatusCode::kInvalidArgument);
+  backend->Drain(Clock::now() + std::chrono::seconds(5));
+}
+
 TEST(LocalBackendTest, BusyTimeAndTokensAreCountedByPhase) {
   auto e = LoadEngine(4096);
   ASSERT_NE(e, nullptr);
