@@ -676,17 +676,24 @@ class ConductorImpl final : public Conductor {
   void Run(std::unique_ptr<RequestRun> run) TANDEM_EXCLUDES(mu_) {
     bool local_fallback = false;
     bool first = true;
+    bool resume = false;  // the decode worker failed: continue on another one
     while (true) {
-      if (!PlaceForRun(run.get(), first, local_fallback, /*resume=*/false)) break;
+      if (!PlaceForRun(run.get(), first, local_fallback, resume)) {
+        if (resume) metrics_.failed_migrations.fetch_add(1);
+        break;
+      }
       first = false;
-      if (!WaitForPrefillTurn(run.get(), /*may_replace=*/!local_fallback)) {
+      if (!WaitForPrefillTurn(run.get(), /*may_replace=*/!local_fallback && !resume)) {
+        if (resume) metrics_.failed_migrations.fetch_add(1);
         MutexLock lock(&mu_);
         view_.Release(run->load.seq, run->decode, run->prefill);
         break;
       }
+      if (resume) metrics_.migrations.fetch_add(1);
       const bool local = run->prefill.empty();
-      if (local_fallback) metrics_.fallbacks.fetch_add(1);
+      if (local_fallback && !resume) metrics_.fallbacks.fetch_add(1);
       run->fall_back_local = run->retry_kv = false;
+      resume = false;
       run->predicted_ttft_s = run->placement.predicted_ttft_s;
       run->predicted_tbt_s = run->placement.predicted_tbt_s;
       RunOnDecode(run.get(), local);
@@ -696,31 +703,19 @@ class ConductorImpl final : public Conductor {
       }
       cv_.NotifyAll();
       if (run->cancelled || run->finish) break;
-      if (run->tokens > 0) {
-        if (!MayMigrate(*run)) break;
-        // The decode worker failed mid-stream: another one (or the restarted one) computes the
-        // prompt and the output so far, and continues the same stream.
+      if (!run->fall_back_local && !run->retry_kv && MayMigrate(*run)) {
+        // The decode worker failed (mid-stream, or before its first token): another one (or
+        // the restarted one) computes the prompt and the output so far, and continues the
+        // same stream.
         log_->warn("{}: {} failed after {} tokens ({}); continuing the stream elsewhere", run->r.id,
                    run->decode, run->tokens, run->error.message());
         run->resumed = run->output;
         run->error = Status();
         ++run->migrations;
-        if (!PlaceForRun(run.get(), /*first=*/false, /*force_local=*/true, /*resume=*/true) ||
-            !WaitForPrefillTurn(run.get(), /*may_replace=*/false)) {
-          metrics_.failed_migrations.fetch_add(1);
-          break;
-        }
-        metrics_.migrations.fetch_add(1);
-        RunOnDecode(run.get(), /*local=*/true);
-        {
-          MutexLock lock(&mu_);
-          view_.Release(run->load.seq, run->decode, run->prefill);
-        }
-        cv_.NotifyAll();
-        if (run->cancelled || run->finish || !MayMigrate(*run)) break;
-        first = false;
+        resume = true;
         continue;
       }
+      if (run->tokens > 0) break;
       if (run->retry_kv) {
         run->error = Status();
         continue;  // the decode worker had no room after all: wait for room, place again
@@ -739,9 +734,9 @@ class ConductorImpl final : public Conductor {
     cv_.NotifyAll();
   }
 
-  // Whether a stream that broke after some tokens may continue on another decode worker: the
-  // worker failed (not the request's own deadline or input), time and output are left, and it
-  // has not moved too often already.
+  // Whether a stream that broke may continue on another decode worker: the worker failed (not
+  // the request's own deadline or input), time and output are left, and it has not moved too
+  // often already.
   bool MayMigrate(const RequestRun& run) const {
     constexpr int kMaxMigrations = 3;
     const StatusCode code = run.error.code();

@@ -41,7 +41,7 @@ class ChaosUnderLoad(unittest.TestCase):
         rng = random.Random(int(os.environ.get("TANDEM_CHAOS_SEED", "7")))
         server = disaggregated("--prefill-workers", "2", "--decode-workers", "2", threads=4)
         completed = errors = 0
-        recovery = []
+        recovery, messages = [], {}
         try:
             reqs = bodies()
             with concurrent.futures.ThreadPoolExecutor(len(reqs)) as pool:
@@ -77,6 +77,8 @@ class ChaosUnderLoad(unittest.TestCase):
                         else:
                             self.assertTrue(error.get("message"), what)
                             errors += 1
+                            key = f"{'stop' if stop else 'kill'} {role}: {error['message'][:120]}"
+                            messages[key] = messages.get(key, 0) + 1
                 wait_for(lambda: all(metric(server.metrics(), "tandem_workers", role=r,
                                             state="healthy") == 2 for r in ("prefill", "decode")),
                          90, f"round {round_no}: every worker back")
@@ -97,6 +99,8 @@ class ChaosUnderLoad(unittest.TestCase):
                   f"{metric(m, 'tandem_worker_restarts_total'):.0f} restarts; back in "
                   f"{recovery[len(recovery) // 2]:.1f} s median, {recovery[-1]:.1f} s max",
                   flush=True)
+            for message, count in sorted(messages.items()):
+                print(f"chaos: {count} x {message}", flush=True)
             self.assertGreater(completed, 0)
         finally:
             self.assertEqual(server.stop(), 0)
