@@ -30,7 +30,11 @@ if [ ! -f "$B/CMakeCache.txt" ]; then
   cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DTANDEM_FUZZ=ON -DTANDEM_BUILD_TESTS=OFF -DTANDEM_BUILD_BENCH=OFF >/dev/null
 fi
-cmake --build "$B" --target fuzzers -j"$(nproc)" >/dev/null
+if ! cmake --build "$B" --target fuzzers -j"$(nproc)" >"$B/build.log" 2>&1; then
+  tail -50 "$B/build.log"
+  echo "fuzz: the harnesses did not build (log: $B/build.log)" >&2
+  exit 1
+fi
 
 mkdir -p "$B/seeds/gguf" "$B/seeds/worker_protocol" "$B/seeds/tcp_listener" "$B/crashes" "$B/logs"
 "$B/fuzz/make_fuzz_seeds" "$B/seeds"
