@@ -224,6 +224,13 @@ void HttpServer::Impl::SetUpRoutes() {
         } else if (res.status == 404) {
           e.message = "no route for " + req.method + " " + req.path;
           e.code = "not_found";
+        } else if (res.status == 400) {
+          // Our handlers fill their 400s; an empty one is httplib's: it could not read the
+          // request line or headers (malformed, or a line beyond CPPHTTPLIB_HEADER_MAX_LENGTH,
+          // 8 KiB in Debian's build).
+          e.message =
+              "the request could not be read: a malformed request line or headers, or a "
+              "header line longer than 8192 bytes";
         } else if (res.status == 413) {
           e.message = "the request body is larger than the limit of " +
                       std::to_string(options_.max_body_bytes) + " bytes";
