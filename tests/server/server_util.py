@@ -36,23 +36,36 @@ class Server:
     def __init__(self, *extra_args, threads=None, kv_cache_tokens=16384, max_model_len=2048,
                  model=None, env=None):
         threads = threads or int(os.environ.get("TANDEM_TEST_THREADS", "2"))
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="tandem-serve-", suffix=".log", delete=False)
-        args = [BIN, "serve", "--model", model or MODEL, "--port", str(self.port),
-                "--threads", str(threads),
-                "--kv-cache-tokens", str(kv_cache_tokens), "--max-model-len", str(max_model_len),
-                "--served-model-name", MODEL_NAME, *extra_args]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        # free_port() only finds a port free now: a process bound to port 0 (one of the server's
+        # own workers, another test) may take it before the server binds it. Then try another.
+        for attempt in range(3):
+            self.port = free_port()
+            self.base = f"http://127.0.0.1:{self.port}"
+            self.log = tempfile.NamedTemporaryFile(prefix="tandem-serve-", suffix=".log",
+                                                   delete=False)
+            args = [BIN, "serve", "--model", model or MODEL, "--port", str(self.port),
+                    "--threads", str(threads),
+                    "--kv-cache-tokens", str(kv_cache_tokens), "--max-model-len", str(max_model_len),
+                    "--served-model-name", MODEL_NAME, *extra_args]
+            self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **(env or {})})
+            if self._wait_healthy():
+                return
+            if attempt < 2 and "cannot bind" in self.log_text():
+                self.log.close()
+                continue
+            raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{self.log_text()}")
+
+    def _wait_healthy(self):
+        """True once /health answers; False if the process exited first."""
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{self.log_text()}")
+                return False
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
                     if r.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             time.sleep(0.1)
