@@ -55,7 +55,6 @@ struct RequestRun {
   bool cancelled = false;        // the client went away
   int tokens = 0;                // tokens given to the sink
   std::vector<int32_t> output;   // their ids (a migrated stream resumes from them)
-  std::vector<int32_t> resumed;  // output before the current attempt (sent with its call)
   int migrations = 0;            // times the stream moved to another decode worker
   std::optional<serving::FinishInfo> finish;
   Status error;
@@ -364,22 +363,24 @@ class ConductorImpl final : public Conductor {
       TANDEM_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     KvWait wait(this, run);
+    // The decode worker computes the prompt itself: no prefill worker.
+    auto make_local = [run](Placement& p) {
+      p.local = true;
+      p.prefill = -1;
+      run->prefill.clear();
+    };
     while (true) {
       Placement p;
       if (first) {
         p = run->placement;
       } else if (resume) {
         p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
-        p.local = true;
-        p.prefill = -1;
-        run->prefill.clear();
+        make_local(p);
       } else if (force_local) {
         // The same decode worker computes the prompt itself (it was chosen for this request
         // and answered; a heartbeat may not have seen it since a stall).
         p = run->placement;
-        p.local = true;
-        p.prefill = -1;
-        run->prefill.clear();
+        make_local(p);
       } else {
         p = PlaceLocked(*run, AdmissionPolicy::kNone, {}, &run->decode, &run->prefill);
       }
@@ -387,9 +388,7 @@ class ConductorImpl final : public Conductor {
           !p.local) {
         // Prompt logprobs come from the worker that computes the prompt with every position's
         // logits: the decode worker does it (the prefill hand-off carries no prompt logits).
-        p.local = true;
-        p.prefill = -1;
-        run->prefill.clear();
+        make_local(p);
       }
       first = false;
       if (p.outcome == Placement::Outcome::kPlaced) {
@@ -709,7 +708,6 @@ class ConductorImpl final : public Conductor {
         // same stream.
         log_->warn("{}: {} failed after {} tokens ({}); continuing the stream elsewhere", run->r.id,
                    run->decode, run->tokens, run->error.message());
-        run->resumed = run->output;
         run->error = Status();
         ++run->migrations;
         resume = true;
@@ -829,7 +827,7 @@ class ConductorImpl final : public Conductor {
     // when the prefill fails, and the worker frees it at the deadline if the conductor is gone.
     call.kv_wait_ms = call.timeout_ms;
     call.local = local;
-    call.resumed_output = run->resumed;
+    call.resumed_output = run->output;  // empty unless the stream resumes after a failure
     auto emit = [&](const engine::SampledToken& token) {
       if (run->tokens == 0) run->first_token_at = Clock::now();
       ++run->tokens;
