@@ -35,6 +35,10 @@ class MetadataStore {
   // Writes key=value under this client's lease. Keys and values are arbitrary bytes; Put,
   // Get and Delete refuse the empty key (InvalidArgument).
   virtual Status Put(const std::string& key, const std::string& value) = 0;
+  // Writes key=value bound to no lease: it stays until someone deletes it, after this client
+  // and its process are gone (records that must outlive their writer, e.g. the KV pool
+  // master's state). Replaces a leased key of the same name.
+  virtual Status PutDurable(const std::string& key, const std::string& value) = 0;
   // NotFound if absent (or expired).
   virtual StatusOr<std::string> Get(const std::string& key) = 0;
   // Removes the key whoever wrote it; OK if it was absent.

@@ -11,6 +11,9 @@
 namespace tandem::transfer::internal {
 namespace {
 
+// The owner tag of durable keys: no store has it (store ids start at 1), so none removes them.
+constexpr uint64_t kNoOwner = 0;
+
 // One named map. Shared (shared_ptr) by the stores opened on it; freed with the last of them.
 class SharedMap {
  public:
@@ -98,6 +101,10 @@ class EmbeddedStore final : public MetadataStore {
   Status Put(const std::string& key, const std::string& value) override {
     if (key.empty()) return InvalidArgument("metadata key must not be empty");
     return map_->Put(id_, key, value);
+  }
+  Status PutDurable(const std::string& key, const std::string& value) override {
+    if (key.empty()) return InvalidArgument("metadata key must not be empty");
+    return map_->Put(kNoOwner, key, value);
   }
   StatusOr<std::string> Get(const std::string& key) override {
     if (key.empty()) return InvalidArgument("metadata key must not be empty");

@@ -83,10 +83,9 @@ class EtcdBackend final : public KvBackend {
   }
 
   Status Put(const std::string& key, const std::string& value, int64_t lease) override {
-    return Call("/v3/kv/put", json{{"key", Base64Encode(key)},
-                                   {"value", Base64Encode(value)},
-                                   {"lease", std::to_string(lease)}})
-        .status();
+    json body{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+    if (lease != 0) body["lease"] = std::to_string(lease);  // etcd: no lease field, no lease
+    return Call("/v3/kv/put", body).status();
   }
 
   StatusOr<std::string> Get(const std::string& key) override {

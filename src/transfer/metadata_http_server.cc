@@ -14,7 +14,8 @@
 // List answers the pairs whose key starts with P, sorted by key.
 // Lease semantics. A lease lives ttl_ms (1 .. one day) after its grant or last keep-alive.
 // A key belongs to the lease of its last put; when that lease expires or is revoked, the key
-// goes. Expiry is checked on every request, so an expired key is never served.
+// goes. A put with lease 0 binds the key to no lease: it stays until deleted (durable). Expiry
+// is checked on every request, so an expired key is never served.
 #include <httplib.h>
 
 #include <atomic>

@@ -70,13 +70,19 @@ class KvState {
     TANDEM_ASSIGN_OR_RETURN(std::string key, Bytes(req, "key"));
     TANDEM_ASSIGN_OR_RETURN(std::string value, Bytes(req, "value"));
     if (key.empty()) return InvalidArgument("key must not be empty");
-    TANDEM_ASSIGN_OR_RETURN(const int64_t id, LeaseId(req));
+    const bool durable = req.contains("lease") && req["lease"] == 0;  // bound to no lease
+    int64_t id = 0;
+    if (!durable) {
+      TANDEM_ASSIGN_OR_RETURN(id, LeaseId(req));
+    }
     MutexLock lock(&mu_);
     ExpireLocked();
-    TANDEM_ASSIGN_OR_RETURN(auto lease, FindLeaseLocked(id));
+    if (!durable) {
+      TANDEM_ASSIGN_OR_RETURN(auto lease, FindLeaseLocked(id));
+      lease->second.keys.insert(key);
+    }
     auto old = kv_.find(key);
-    if (old != kv_.end()) UnlinkLocked(key, old->second.lease);
-    lease->second.keys.insert(key);
+    if (old != kv_.end() && old->second.lease != id) UnlinkLocked(key, old->second.lease);
     kv_[std::move(key)] = Entry{std::move(value), id};
     return json::object();
   }

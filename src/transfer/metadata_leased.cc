@@ -93,6 +93,14 @@ Status LeasedStore::Put(const std::string& key, const std::string& value) {
   return OkStatus();
 }
 
+Status LeasedStore::PutDurable(const std::string& key, const std::string& value) {
+  TANDEM_RETURN_IF_ERROR(CheckKey(key));
+  TANDEM_RETURN_IF_ERROR(backend_->Put(key, value, /*lease=*/0));
+  MutexLock lock(&mu_);
+  own_.erase(key);  // no longer this lease's: a recovery must not bind it again
+  return OkStatus();
+}
+
 StatusOr<std::string> LeasedStore::Get(const std::string& key) {
   TANDEM_RETURN_IF_ERROR(CheckKey(key));
   return backend_->Get(key);

@@ -33,7 +33,8 @@ class KvBackend {
   // NotFound when the lease has expired or was never granted.
   virtual Status KeepAlive(int64_t lease) = 0;
   virtual Status Revoke(int64_t lease) = 0;
-  // NotFound only when `lease` no longer exists on the server.
+  // NotFound only when `lease` no longer exists on the server. Lease 0: the key has no lease
+  // (it lives until deleted).
   virtual Status Put(const std::string& key, const std::string& value, int64_t lease) = 0;
   virtual StatusOr<std::string> Get(const std::string& key) = 0;
   // OK whether or not the key existed.
@@ -52,6 +53,8 @@ class LeasedStore final : public MetadataStore {
   ~LeasedStore() override;
 
   Status Put(const std::string& key, const std::string& value) override TANDEM_EXCLUDES(mu_);
+  Status PutDurable(const std::string& key, const std::string& value) override
+      TANDEM_EXCLUDES(mu_);
   StatusOr<std::string> Get(const std::string& key) override;
   Status Delete(const std::string& key) override TANDEM_EXCLUDES(mu_);
   StatusOr<std::vector<std::pair<std::string, std::string>>> List(

@@ -238,6 +238,26 @@ TEST_P(MetadataStoreTest, DestroyingAClientRemovesItsKeysAtOnce) {
   EXPECT_EQ(*left, (KVs{{prefix_ + "stays", "1"}, {prefix_ + "taken", "5"}}));
 }
 
+TEST_P(MetadataStoreTest, DurableKeysOutliveTheirWriter) {
+  auto reader = Open();
+  auto writer = Open();
+  ASSERT_NE(reader, nullptr);
+  ASSERT_NE(writer, nullptr);
+  ASSERT_TRUE(writer->PutDurable(prefix_ + "durable", "d").ok());
+  ASSERT_TRUE(writer->Put(prefix_ + "leased", "l").ok());
+  // A leased key made durable by a later put is no longer the lease's.
+  ASSERT_TRUE(writer->Put(prefix_ + "promoted", "1").ok());
+  ASSERT_TRUE(writer->PutDurable(prefix_ + "promoted", "2").ok());
+  writer.reset();  // its lease revoked (remote) or its keys dropped (embedded)
+  auto left = reader->List(prefix_);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_EQ(*left, (KVs{{prefix_ + "durable", "d"}, {prefix_ + "promoted", "2"}}));
+  // Gone only when deleted.
+  ASSERT_TRUE(reader->Delete(prefix_ + "durable").ok());
+  EXPECT_EQ(reader->Get(prefix_ + "durable").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(reader->PutDurable("", "v").code(), StatusCode::kInvalidArgument);
+}
+
 TEST_P(MetadataStoreTest, EmptyKeyRefused) {
   auto store = Open();
   ASSERT_NE(store, nullptr);
