@@ -257,7 +257,16 @@ std::string WorkerStats::ToJson() const {
                   {"put_failures", pool.put_failures},
                   {"bytes_put", pool.bytes_put},
                   {"master_unavailable", pool.master_unavailable},
-                  {"dram_bytes", pool.dram_bytes}};
+                  {"dram_bytes", pool.dram_bytes},
+                  {"checksum_failures", pool.checksum_failures},
+                  {"hot_copies", pool.hot_copies},
+                  {"ssd_capacity_bytes", pool.ssd_capacity_bytes},
+                  {"ssd_used_bytes", pool.ssd_used_bytes},
+                  {"ssd_hit_objects", pool.ssd_hit_objects},
+                  {"ssd_written_objects", pool.ssd_written_objects},
+                  {"ssd_dropped_objects", pool.ssd_dropped_objects},
+                  {"ssd_corrupt_objects", pool.ssd_corrupt_objects},
+                  {"ssd_evictions", pool.ssd_evictions}};
   return json{{"backend", StatsJson(backend)},          {"kv_bytes_pushed", kv_bytes_pushed},
               {"transfer_failures", transfer_failures}, {"transfer_timeouts", transfer_timeouts},
               {"kv_wait_timeouts", kv_wait_timeouts},   {"auth_refusals", auth_refusals},
@@ -293,6 +302,15 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
       s.pool.bytes_put = p.value("bytes_put", uint64_t{0});
       s.pool.master_unavailable = p.value("master_unavailable", uint64_t{0});
       s.pool.dram_bytes = p.value("dram_bytes", uint64_t{0});
+      s.pool.checksum_failures = p.value("checksum_failures", uint64_t{0});
+      s.pool.hot_copies = p.value("hot_copies", uint64_t{0});
+      s.pool.ssd_capacity_bytes = p.value("ssd_capacity_bytes", uint64_t{0});
+      s.pool.ssd_used_bytes = p.value("ssd_used_bytes", uint64_t{0});
+      s.pool.ssd_hit_objects = p.value("ssd_hit_objects", uint64_t{0});
+      s.pool.ssd_written_objects = p.value("ssd_written_objects", uint64_t{0});
+      s.pool.ssd_dropped_objects = p.value("ssd_dropped_objects", uint64_t{0});
+      s.pool.ssd_corrupt_objects = p.value("ssd_corrupt_objects", uint64_t{0});
+      s.pool.ssd_evictions = p.value("ssd_evictions", uint64_t{0});
     }
     return s;
   });

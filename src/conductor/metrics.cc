@@ -259,6 +259,29 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
          double(p.master_unavailable));
     pool("tandem_kv_pool_dram_bytes", "Shared memory the workers contribute to the KV pool.", false,
          double(p.dram_bytes));
+    pool("tandem_kv_pool_checksum_failures_total",
+         "KV pool replicas read whose bytes did not match their checksum (not used; a miss).", true,
+         double(p.checksum_failures));
+    pool("tandem_kv_pool_hot_copies_total",
+         "Extra replicas of hot KV blocks that the workers copied at the master's request.", true,
+         double(p.hot_copies));
+    pool("tandem_kv_pool_ssd_capacity_bytes", "Capacity of the workers' KV pool SSD tiers.", false,
+         double(p.ssd_capacity_bytes));
+    pool("tandem_kv_pool_ssd_used_bytes", "Bytes of the workers' KV pool SSD tiers in use.", false,
+         double(p.ssd_used_bytes));
+    pool("tandem_kv_pool_ssd_hit_blocks_total",
+         "KV blocks read from a worker's SSD tier instead of computed.", true,
+         double(p.ssd_hit_objects));
+    const char* ssd_help = "KV blocks offered to the SSD tier, by outcome.";
+    pool("tandem_kv_pool_ssd_writes_total", ssd_help, true, double(p.ssd_written_objects),
+         {{"outcome", "written"}});
+    pool("tandem_kv_pool_ssd_writes_total", ssd_help, true, double(p.ssd_dropped_objects),
+         {{"outcome", "dropped"}});
+    pool("tandem_kv_pool_ssd_corrupt_blocks_total",
+         "SSD tier files that failed their checks on read (deleted; a miss, never used).", true,
+         double(p.ssd_corrupt_objects));
+    pool("tandem_kv_pool_ssd_evictions_total", "SSD tier files deleted to stay within capacity.",
+         true, double(p.ssd_evictions));
   }
   {
     MutexLock lock(&mu_);

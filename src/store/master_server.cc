@@ -5,15 +5,23 @@
 //   /pool/unmount    {segment}                                         -> {}
 //   /pool/put_start  {keys, size, replicas, node, ttl_ms}
 //                    -> {results: [{decision: "reserved"|"exists"|"no_space", locations}]}
-//   /pool/put_end    {keys, ok}                                        -> {}
-//   /pool/get        {keys, lease_ms}            -> {objects: [locations per prefix key]}
+//   /pool/put_end    {keys, ok, checksums}                             -> {}
+//   /pool/get        {keys, lease_ms}
+//                    -> {objects: [{checksum, replicas: locations, replicate_to?: location}]}
+//   /pool/replica_end {key, segment, ok}                               -> {}
 //   /pool/exist      {keys}                                            -> {exist: [bool]}
 //   /pool/remove     {keys}                                            -> {removed: n}
 //   /pool/bad_replica {key, segment}                                   -> {}
 //   GET /pool/stats  -> {capacity, used, objects, segments: [...], counters: {...}}
-// A location is {segment, node, offset, size}.
+// A location is {segment, node, offset, size}; a checksum is the XXH3-64 of an object's bytes.
+// With a journal (PoolMasterOptions::journal), the state's records are kept, bound to no lease,
+// under kJournalPrefix in the metadata service: "objects/<key>" -> {size, checksum, replicas},
+// "segments/<name>" -> {node, capacity}. A master that starts with a journal restores them
+// before it serves (the segments' owners renew their mounts within their TTL).
 #include <atomic>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "common/http.h"
@@ -31,9 +39,16 @@ namespace {
 using json = nlohmann::json;
 using std::chrono::milliseconds;
 
+MasterOptions WithJournal(const PoolMasterOptions& o) {
+  MasterOptions policy = o.policy;
+  policy.journal = o.journal;
+  return policy;
+}
+
 class MasterServerImpl final : public PoolMasterServer {
  public:
-  explicit MasterServerImpl(PoolMasterOptions options) : options_(options), state_(options.policy) {
+  explicit MasterServerImpl(PoolMasterOptions options)
+      : options_(options), state_(WithJournal(options)) {
     Route("/pool/mount", [this](const json& b) { return Mount(b); });
     Route("/pool/unmount", [this](const json& b) -> StatusOr<json> {
       MutexLock lock(&mu_);
@@ -44,9 +59,18 @@ class MasterServerImpl final : public PoolMasterServer {
     Route("/pool/put_end", [this](const json& b) -> StatusOr<json> {
       const auto keys = internal::KeysOf(b);
       const auto ok = b.at("ok").get<std::vector<bool>>();
-      if (ok.size() != keys.size()) return InvalidArgument("keys and ok differ in length");
+      const auto checksums = b.at("checksums").get<std::vector<uint64_t>>();
+      if (ok.size() != keys.size() || checksums.size() != keys.size()) {
+        return InvalidArgument("keys, ok and checksums differ in length");
+      }
       MutexLock lock(&mu_);
-      state_.PutEnd(keys, ok);
+      state_.PutEnd(keys, ok, checksums);
+      return json::object();
+    });
+    Route("/pool/replica_end", [this](const json& b) -> StatusOr<json> {
+      MutexLock lock(&mu_);
+      state_.ReplicaEnd(b.at("key").get<std::string>(), b.at("segment").get<std::string>(),
+                        b.at("ok").get<bool>());
       return json::object();
     });
     Route("/pool/get", [this](const json& b) -> StatusOr<json> {
@@ -56,8 +80,8 @@ class MasterServerImpl final : public PoolMasterServer {
       const Clock::time_point now = Clock::now();
       MutexLock lock(&mu_);
       json objects = json::array();
-      for (const auto& locs : state_.GetPrefix(keys, now, now + milliseconds(lease_ms))) {
-        objects.push_back(internal::LocationsToJson(locs));
+      for (const FoundObject& f : state_.GetPrefix(keys, now, now + milliseconds(lease_ms))) {
+        objects.push_back(internal::FoundToJson(f));
       }
       return json{{"objects", std::move(objects)}};
     });
@@ -86,11 +110,17 @@ class MasterServerImpl final : public PoolMasterServer {
     server_.stop();
     if (thread_.joinable()) thread_.join();
     if (expirer_.joinable()) expirer_.join();
+    if (journaler_.joinable()) journaler_.join();
+    if (options_.journal && metadata_) FlushJournal();   // the last changes (best effort)
     if (metadata_) (void)metadata_->Delete(kMasterKey);  // best effort; the lease ends it anyway
   }
 
   Status Listen(const std::string& host, int port,
                 std::shared_ptr<transfer::MetadataStore> metadata) {
+    if (options_.journal) {
+      if (!metadata) return InvalidArgument("a pool master journal needs a metadata service");
+      TANDEM_RETURN_IF_ERROR(RestoreJournal(*metadata));
+    }
     TANDEM_ASSIGN_OR_RETURN(
         port_, BindHttpServer(server_, host, port, HttpServerSettings{.cluster_auth = true},
                               "pool master"));
@@ -103,8 +133,9 @@ class MasterServerImpl final : public PoolMasterServer {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     expirer_ = std::thread([this] { ExpireLoop(); });
     if (metadata) {
-      TANDEM_RETURN_IF_ERROR(metadata->Put(kMasterKey, uri()));
       metadata_ = std::move(metadata);
+      if (options_.journal) journaler_ = std::thread([this] { JournalLoop(); });
+      TANDEM_RETURN_IF_ERROR(metadata_->Put(kMasterKey, uri()));
     }
     GetLogger("pool")->info("pool master listening on {}", uri());
     return OkStatus();
@@ -121,6 +152,7 @@ class MasterServerImpl final : public PoolMasterServer {
     MutexLock lock(&mu_);
     return state_.counters();
   }
+  uint64_t JournalFailures() const override { return journal_failures_.load(); }
 
  private:
   using Handler = std::function<StatusOr<json>(const json&)>;
@@ -206,7 +238,84 @@ class MasterServerImpl final : public PoolMasterServer {
                   {"evictions", c.evictions},
                   {"replicas_lost", c.replicas_lost},
                   {"objects_lost", c.objects_lost},
-                  {"removed", c.removed}}}};
+                  {"removed", c.removed},
+                  {"hot_replicas", c.hot_replicas},
+                  {"restored", c.restored},
+                  {"journal_failures", journal_failures_.load()}}}};
+  }
+
+  // Reads the journal into the state (before the server answers anyone).
+  Status RestoreJournal(transfer::MetadataStore& metadata) {
+    const std::string seg_prefix = std::string(kJournalPrefix) + "segments/";
+    const std::string obj_prefix = std::string(kJournalPrefix) + "objects/";
+    TANDEM_ASSIGN_OR_RETURN(auto seg_kvs, metadata.List(seg_prefix));
+    TANDEM_ASSIGN_OR_RETURN(auto obj_kvs, metadata.List(obj_prefix));
+    std::vector<SegmentRecord> segments;
+    std::vector<ObjectRecord> objects;
+    size_t malformed = 0;
+    for (const auto& [key, value] : seg_kvs) {
+      const json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+      try {
+        segments.push_back({key.substr(seg_prefix.size()), j.at("node").get<std::string>(),
+                            j.at("capacity").get<uint64_t>()});
+      } catch (const json::exception&) {
+        ++malformed;
+      }
+    }
+    for (const auto& [key, value] : obj_kvs) {
+      const json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+      try {
+        objects.push_back(internal::ObjectRecordFromJson(key.substr(obj_prefix.size()), j));
+      } catch (const json::exception&) {
+        ++malformed;
+        (void)metadata.Delete(key);
+      }
+    }
+    MutexLock lock(&mu_);
+    const int restored = state_.Restore(segments, objects, Clock::now() + options_.restore_grace);
+    GetLogger("pool")->info(
+        "pool master journal: {} segments, {} of {} objects restored ({} malformed records)",
+        segments.size(), restored, objects.size(), malformed);
+    return OkStatus();
+  }
+
+  // Writes the records changed since the last call; what fails is retried next time.
+  void FlushJournal() {
+    {
+      MutexLock lock(&mu_);
+      const MasterChanges changes = state_.TakeChanges();
+      for (const std::string& name : changes.segments) {
+        SegmentRecord r;
+        unsynced_[std::string(kJournalPrefix) + "segments/" + name] =
+            state_.SegmentRecordOf(name, &r)
+                ? std::optional<std::string>(
+                      json{{"node", r.node}, {"capacity", r.capacity}}.dump())
+                : std::nullopt;
+      }
+      for (const std::string& key : changes.objects) {
+        ObjectRecord r;
+        unsynced_[std::string(kJournalPrefix) + "objects/" + key] =
+            state_.ObjectRecordOf(key, &r)
+                ? std::optional<std::string>(internal::ObjectRecordToJson(r).dump())
+                : std::nullopt;
+      }
+    }
+    for (auto it = unsynced_.begin(); it != unsynced_.end();) {
+      const Status st =
+          it->second ? metadata_->PutDurable(it->first, *it->second) : metadata_->Delete(it->first);
+      if (!st.ok()) {  // the metadata service is away: try again next time
+        ++journal_failures_;
+        return;
+      }
+      it = unsynced_.erase(it);
+    }
+  }
+
+  void JournalLoop() {
+    while (!stop_) {
+      std::this_thread::sleep_for(options_.journal_interval);
+      FlushJournal();
+    }
   }
 
   void ExpireLoop() {
@@ -228,6 +337,11 @@ class MasterServerImpl final : public PoolMasterServer {
   std::atomic<bool> loop_ended_{false};
   std::thread thread_;   // server_.listen_after_bind()
   std::thread expirer_;  // ExpireLoop
+  // Journal: records not yet written (metadata key -> value; nullopt: delete). Used only by
+  // the journal thread (and by the destructor after it has stopped).
+  std::map<std::string, std::optional<std::string>> unsynced_;
+  std::atomic<uint64_t> journal_failures_{0};
+  std::thread journaler_;  // JournalLoop
 };
 
 }  // namespace

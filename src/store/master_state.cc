@@ -25,6 +25,7 @@ Status MasterState::Mount(const std::string& segment, const std::string& node, u
   s.free[0] = capacity;
   segments_.emplace(segment, std::move(s));
   capacity_ += capacity;
+  NoteSegment(segment);
   return OkStatus();
 }
 
@@ -32,13 +33,19 @@ void MasterState::Unmount(const std::string& segment) {
   auto seg = segments_.find(segment);
   if (seg == segments_.end()) return;
   for (auto it = objects_.begin(); it != objects_.end();) {
-    auto& reps = it->second.replicas;
+    Object& o = it->second;
+    if (o.pending_replica.size > 0 && o.pending_replica.segment == segment) {
+      used_ -= o.pending_replica.size;  // its space goes with the segment
+      o.pending_replica = Location{};
+    }
+    auto& reps = o.replicas;
     const auto gone = std::remove_if(reps.begin(), reps.end(),
                                      [&](const Location& l) { return l.segment == segment; });
     const size_t lost = static_cast<size_t>(reps.end() - gone);
     for (auto r = gone; r != reps.end(); ++r) used_ -= r->size;
     reps.erase(gone, reps.end());
     counters_.replicas_lost += lost;
+    if (lost > 0 && o.visible) NoteObject(it->first);
     if (reps.empty()) {
       if (it->second.visible) ++counters_.objects_lost;
       auto next = std::next(it);
@@ -50,6 +57,7 @@ void MasterState::Unmount(const std::string& segment) {
   }
   capacity_ -= seg->second.capacity;
   segments_.erase(seg);
+  NoteSegment(segment);
 }
 
 bool MasterState::Allocate(Segment& seg, uint64_t size, uint64_t* offset) {
@@ -70,6 +78,23 @@ bool MasterState::Allocate(Segment& seg, uint64_t size, uint64_t* offset) {
     return true;
   }
   return false;
+}
+
+bool MasterState::AllocateAt(Segment& seg, uint64_t offset, uint64_t size) {
+  if (size == 0 || offset > seg.capacity || size > seg.capacity - offset) return false;
+  // The free run that starts at or before `offset` must cover the whole range.
+  auto it = seg.free.upper_bound(offset);
+  if (it == seg.free.begin()) return false;
+  --it;
+  const uint64_t base = it->first, end = it->first + it->second;
+  if (offset + size > end) return false;
+  seg.free.erase(it);
+  if (offset > base) seg.free[base] = offset - base;
+  if (end > offset + size) seg.free[offset + size] = end - (offset + size);
+  seg.used += size;
+  ++seg.objects;
+  used_ += size;
+  return true;
 }
 
 void MasterState::Release(const Location& loc) {
@@ -98,7 +123,11 @@ void MasterState::Release(const Location& loc) {
 
 void MasterState::Drop(std::unordered_map<std::string, Object>::iterator it) {
   for (const Location& l : it->second.replicas) Release(l);
-  if (it->second.visible) lru_.erase(it->second.lru_pos);
+  if (it->second.pending_replica.size > 0) Release(it->second.pending_replica);
+  if (it->second.visible) {
+    lru_.erase(it->second.lru_pos);
+    NoteObject(it->first);
+  }
   objects_.erase(it);
 }
 
@@ -165,15 +194,18 @@ std::vector<PutReservation> MasterState::PutStart(const std::vector<std::string>
   return out;
 }
 
-void MasterState::PutEnd(const std::vector<std::string>& keys, const std::vector<bool>& ok) {
+void MasterState::PutEnd(const std::vector<std::string>& keys, const std::vector<bool>& ok,
+                         const std::vector<uint64_t>& checksums) {
   for (size_t k = 0; k < keys.size(); ++k) {
     auto it = objects_.find(keys[k]);
     if (it == objects_.end() || it->second.visible) continue;
-    if (k < ok.size() && ok[k] && !it->second.remove_pending) {
+    if (k < ok.size() && ok[k] && k < checksums.size() && !it->second.remove_pending) {
       it->second.visible = true;
+      it->second.checksum = checksums[k];
       lru_.push_front(keys[k]);
       it->second.lru_pos = lru_.begin();
       ++counters_.puts_committed;
+      NoteObject(keys[k]);
     } else {
       Drop(it);
       ++counters_.puts_aborted;
@@ -181,10 +213,10 @@ void MasterState::PutEnd(const std::vector<std::string>& keys, const std::vector
   }
 }
 
-std::vector<std::vector<Location>> MasterState::GetPrefix(const std::vector<std::string>& keys,
-                                                          Clock::time_point now,
-                                                          Clock::time_point lease_deadline) {
-  std::vector<std::vector<Location>> out;
+std::vector<FoundObject> MasterState::GetPrefix(const std::vector<std::string>& keys,
+                                                Clock::time_point now,
+                                                Clock::time_point lease_deadline) {
+  std::vector<FoundObject> out;
   for (const std::string& key : keys) {
     auto it = objects_.find(key);
     if (it == objects_.end() || !it->second.visible || it->second.remove_pending) {
@@ -194,10 +226,56 @@ std::vector<std::vector<Location>> MasterState::GetPrefix(const std::vector<std:
     Object& o = it->second;
     o.lease_deadline = std::max(o.lease_deadline, std::max(now, lease_deadline));
     lru_.splice(lru_.begin(), lru_, o.lru_pos);
-    out.push_back(o.replicas);
+    FoundObject found{o.checksum, o.replicas, Location{}};
+    ++o.gets;
+    if (options_.hot_gets > 0 && o.gets >= options_.hot_gets && o.pending_replica.size == 0 &&
+        static_cast<int>(o.replicas.size()) < options_.max_replicas &&
+        ReserveExtraReplica(o, &o.pending_replica)) {
+      o.pending_deadline = std::max(now, lease_deadline);
+      found.replicate_to = o.pending_replica;
+    }
+    out.push_back(std::move(found));
     ++counters_.get_hits;
   }
   return out;
+}
+
+bool MasterState::ReserveExtraReplica(Object& o, Location* out) {
+  std::set<std::string> nodes;
+  for (const Location& l : o.replicas) nodes.insert(l.node);
+  std::vector<std::pair<std::string, Segment*>> order;
+  for (auto& [name, seg] : segments_) {
+    if (nodes.count(seg.node) == 0) order.emplace_back(name, &seg);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.second->capacity - a.second->used > b.second->capacity - b.second->used;
+  });
+  // Only free space: a copy for speed never evicts anything.
+  const auto high = static_cast<uint64_t>(options_.high_watermark * static_cast<double>(capacity_));
+  if (used_ + o.size > high) return false;
+  for (auto& [name, seg] : order) {
+    uint64_t offset = 0;
+    if (!Allocate(*seg, o.size, &offset)) continue;
+    *out = Location{name, seg->node, offset, o.size};
+    return true;
+  }
+  return false;
+}
+
+void MasterState::ReplicaEnd(const std::string& key, const std::string& segment, bool ok) {
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return;
+  Object& o = it->second;
+  if (o.pending_replica.size == 0 || o.pending_replica.segment != segment) return;
+  if (ok && o.visible) {
+    o.replicas.push_back(o.pending_replica);
+    o.gets = 0;
+    ++counters_.hot_replicas;
+    NoteObject(key);
+  } else {
+    Release(o.pending_replica);
+  }
+  o.pending_replica = Location{};
 }
 
 std::vector<bool> MasterState::Exist(const std::vector<std::string>& keys) const {
@@ -220,6 +298,7 @@ void MasterState::ReportBadReplica(const std::string& key, const std::string& se
   Release(*r);
   reps.erase(r);
   ++counters_.replicas_lost;
+  if (it->second.visible) NoteObject(key);
   if (reps.empty()) {
     if (it->second.visible) ++counters_.objects_lost;
     Drop(it);
@@ -246,6 +325,10 @@ void MasterState::Expire(Clock::time_point now) {
   for (auto it = objects_.begin(); it != objects_.end();) {
     Object& o = it->second;
     auto next = std::next(it);
+    if (o.pending_replica.size > 0 && o.pending_deadline <= now) {  // the copier never reported
+      Release(o.pending_replica);
+      o.pending_replica = Location{};
+    }
     if (!o.visible && o.write_deadline <= now) {
       Drop(it);
       ++counters_.puts_expired;
@@ -260,6 +343,59 @@ void MasterState::Expire(Clock::time_point now) {
   }
   for (const std::string& name : lapsed) Unmount(name);
   MakeRoom(0, now);
+}
+
+MasterChanges MasterState::TakeChanges() {
+  MasterChanges c;
+  c.objects.assign(changed_objects_.begin(), changed_objects_.end());
+  c.segments.assign(changed_segments_.begin(), changed_segments_.end());
+  changed_objects_.clear();
+  changed_segments_.clear();
+  return c;
+}
+
+bool MasterState::ObjectRecordOf(const std::string& key, ObjectRecord* out) const {
+  auto it = objects_.find(key);
+  if (it == objects_.end() || !it->second.visible || it->second.remove_pending) return false;
+  *out = ObjectRecord{key, it->second.size, it->second.checksum, it->second.replicas};
+  return true;
+}
+
+bool MasterState::SegmentRecordOf(const std::string& name, SegmentRecord* out) const {
+  auto it = segments_.find(name);
+  if (it == segments_.end()) return false;
+  *out = SegmentRecord{name, it->second.node, it->second.capacity};
+  return true;
+}
+
+int MasterState::Restore(const std::vector<SegmentRecord>& segments,
+                         const std::vector<ObjectRecord>& objects,
+                         Clock::time_point segment_deadline) {
+  for (const SegmentRecord& s : segments) {
+    (void)Mount(s.name, s.node, s.capacity, segment_deadline);  // a conflicting record: skipped
+  }
+  int restored = 0;
+  for (const ObjectRecord& r : objects) {
+    NoteObject(r.key);  // a record that is not restored below is deleted from the journal
+    if (r.size == 0 || objects_.count(r.key) > 0) continue;
+    Object o;
+    o.size = r.size;
+    o.checksum = r.checksum;
+    for (const Location& l : r.replicas) {
+      auto seg = segments_.find(l.segment);
+      if (l.size != r.size || seg == segments_.end() || seg->second.node != l.node) continue;
+      if (!AllocateAt(seg->second, l.offset, l.size)) continue;  // overlaps: stale, dropped
+      o.replicas.push_back(l);
+    }
+    if (o.replicas.empty()) continue;
+    o.visible = true;
+    lru_.push_back(r.key);  // restored objects are the least recently used
+    o.lru_pos = std::prev(lru_.end());
+    objects_.emplace(r.key, std::move(o));
+    ++restored;
+  }
+  counters_.restored += static_cast<uint64_t>(restored);
+  return restored;
 }
 
 std::vector<SegmentUsage> MasterState::Usage() const {

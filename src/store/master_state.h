@@ -8,10 +8,14 @@
 //   PutStart  reserves space for it on up to `replicas` segments of distinct nodes; it is not
 //             visible yet. The writer then writes the bytes itself (the master is off the data
 //             path) and calls
-//   PutEnd    ok: the object becomes visible; not ok: the space is freed. A writer that never
-//             calls it (it died) loses the reservation at its deadline: nothing visible is left.
+//   PutEnd    ok: the object becomes visible with the checksum of its bytes (XXH3-64, which
+//             every reader verifies); not ok: the space is freed. A writer that never calls it
+//             (it died) loses the reservation at its deadline: nothing visible is left.
 //   GetPrefix returns the longest prefix of a key list that is visible, with every replica's
-//             location, and leases those objects to the reader until a deadline.
+//             location, and leases those objects to the reader until a deadline. An object read
+//             often (`hot_gets` gets) is given one more replica on another node, up to
+//             `max_replicas`: the reader that has just read it writes the copy (ReplicaEnd), so
+//             the master stays off the data path.
 //   Remove    drops objects (at once, or once their leases end).
 // Eviction is least recently used (a get or a put counts as a use) between watermarks: when a
 // put would take the pool above `high_watermark` of its capacity, objects are evicted until it
@@ -19,6 +23,11 @@
 // Segments come and go with their nodes: a segment whose lease was not renewed (Mount again)
 // by its deadline is dropped with the replicas it held; an object left without a replica
 // disappears.
+// Durable state: with `journal` on, every change of a visible object or of a segment is noted
+// (TakeChanges); the master server writes those records to the metadata service, and a
+// restarted master Restores them. A restored record may be stale (the object was evicted and its
+// space reused just before a crash): readers verify the checksum, so a stale record is a miss,
+// never wrong KV.
 //
 // Thread-safety: none (the server serializes calls).
 #pragma once
@@ -27,6 +36,7 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +59,35 @@ struct MasterOptions {
   double high_watermark = 0.95;  // of the mounted capacity
   double low_watermark = 0.80;
   uint64_t alignment = 64;  // object offsets are multiples of this
+  // Hot-prefix replication: after this many gets since its last new replica an object is given
+  // one more, up to max_replicas (0: never).
+  int hot_gets = 0;
+  int max_replicas = 2;
+  bool journal = false;  // note changes for TakeChanges
+};
+
+// A visible object as GetPrefix returns it.
+struct FoundObject {
+  uint64_t checksum = 0;           // XXH3-64 of its bytes
+  std::vector<Location> replicas;  // at least one
+  // Hot-prefix replication: a reserved location (size == 0: none) to which the reader copies
+  // the bytes it read, then reports with ReplicaEnd.
+  Location replicate_to;
+};
+
+// The durable records of the master's state (what a restarted master needs).
+struct ObjectRecord {
+  std::string key;
+  uint64_t size = 0, checksum = 0;
+  std::vector<Location> replicas;
+};
+struct SegmentRecord {
+  std::string name, node;
+  uint64_t capacity = 0;
+};
+struct MasterChanges {
+  std::vector<std::string> objects;   // keys whose record changed (ObjectRecordOf: now)
+  std::vector<std::string> segments;  // segments mounted or dropped
 };
 
 // Outcome of one key of a PutStart.
@@ -77,6 +116,8 @@ struct MasterCounters {
   uint64_t replicas_lost = 0;             // replicas dropped with their segment
   uint64_t objects_lost = 0;              // objects that lost their last replica
   uint64_t removed = 0;
+  uint64_t hot_replicas = 0;  // replicas added to hot objects
+  uint64_t restored = 0;      // objects taken from a journal (Restore)
 };
 
 class MasterState {
@@ -97,14 +138,19 @@ class MasterState {
   std::vector<PutReservation> PutStart(const std::vector<std::string>& keys, uint64_t size,
                                        int replicas, const std::string& writer_node,
                                        Clock::time_point now, Clock::time_point write_deadline);
-  // Commits (ok) or aborts reservations. A key not being written is ignored.
-  void PutEnd(const std::vector<std::string>& keys, const std::vector<bool>& ok);
+  // Commits (ok) or aborts reservations; checksums[i]: of the bytes written for keys[i]. A key
+  // not being written is ignored.
+  void PutEnd(const std::vector<std::string>& keys, const std::vector<bool>& ok,
+              const std::vector<uint64_t>& checksums);
 
-  // The longest prefix of `keys` whose objects are all visible: one entry per key, each the
-  // object's replica locations; the objects are leased (not evictable) until `lease_deadline`.
-  std::vector<std::vector<Location>> GetPrefix(const std::vector<std::string>& keys,
-                                               Clock::time_point now,
-                                               Clock::time_point lease_deadline);
+  // The longest prefix of `keys` whose objects are all visible, one entry per key; the objects
+  // are leased (not evictable) until `lease_deadline`, and so is a replica location reserved for
+  // a hot object.
+  std::vector<FoundObject> GetPrefix(const std::vector<std::string>& keys, Clock::time_point now,
+                                     Clock::time_point lease_deadline);
+  // The reader reports the copy to a FoundObject::replicate_to (on `segment`): ok adds the
+  // replica; not ok frees it. Unknown pairs are ignored.
+  void ReplicaEnd(const std::string& key, const std::string& segment, bool ok);
   // Whether each key is visible (no lease, no use).
   std::vector<bool> Exist(const std::vector<std::string>& keys) const;
   // A reader reports that a replica could not be read (its node may be gone): that replica is
@@ -116,6 +162,19 @@ class MasterState {
 
   // Lapsed reservations and segment leases, deferred removals. Call periodically.
   void Expire(Clock::time_point now);
+
+  // Durable state. TakeChanges returns (and forgets) what changed since its last call (journal
+  // on). ObjectRecordOf / SegmentRecordOf: the current record, or false when there is none (the
+  // object or segment is gone: its record is to be deleted).
+  MasterChanges TakeChanges();
+  bool ObjectRecordOf(const std::string& key, ObjectRecord* out) const;
+  bool SegmentRecordOf(const std::string& name, SegmentRecord* out) const;
+  // Takes a journal's records (a restarted master, before it serves): segments are mounted
+  // with `segment_deadline` (their owners' heartbeats renew them), then each object's replicas
+  // that lie inside a known segment and overlap nothing restored before it. Returns how many
+  // objects became visible.
+  int Restore(const std::vector<SegmentRecord>& segments, const std::vector<ObjectRecord>& objects,
+              Clock::time_point segment_deadline);
 
   std::vector<SegmentUsage> Usage() const;
   uint64_t capacity() const { return capacity_; }
@@ -134,7 +193,11 @@ class MasterState {
   };
   struct Object {
     uint64_t size = 0;
+    uint64_t checksum = 0;
     std::vector<Location> replicas;
+    Location pending_replica;            // size 0: none; reserved for a hot copy
+    Clock::time_point pending_deadline;  // the pending replica is freed then
+    int gets = 0;                        // since its last new replica
     bool visible = false;
     bool remove_pending = false;
     Clock::time_point write_deadline;          // !visible
@@ -143,6 +206,16 @@ class MasterState {
   };
 
   bool Allocate(Segment& seg, uint64_t size, uint64_t* offset);
+  // Carves [offset, offset + size) out of the free list; false if any of it is taken.
+  bool AllocateAt(Segment& seg, uint64_t offset, uint64_t size);
+  // A free location for one more replica of `o` on a node that holds none (emptiest first).
+  bool ReserveExtraReplica(Object& o, Location* out);
+  void NoteObject(const std::string& key) {
+    if (options_.journal) changed_objects_.insert(key);
+  }
+  void NoteSegment(const std::string& name) {
+    if (options_.journal) changed_segments_.insert(name);
+  }
   void Release(const Location& loc);
   void Drop(std::unordered_map<std::string, Object>::iterator it);
   // Evicts least recently used evictable objects until used_ + incoming <= low watermark of
@@ -158,6 +231,7 @@ class MasterState {
   std::list<std::string> lru_;  // visible keys, most recently used first
   uint64_t capacity_ = 0, used_ = 0;
   MasterCounters counters_;
+  std::set<std::string> changed_objects_, changed_segments_;  // journal on
 };
 
 }  // namespace tandem::store

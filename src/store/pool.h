@@ -42,6 +42,8 @@ namespace tandem::store {
 
 // The metadata key under which the master publishes its HTTP address.
 inline constexpr const char* kMasterKey = "tandem/pool/master";
+// Where a master with a journal keeps its state's records (bound to no lease).
+inline constexpr const char* kJournalPrefix = "tandem/pool/state/";
 
 // A namespace for the blocks of one model and KV layout: the model file's name, its layer
 // count, KV heads, head dimension, tokens per block and element type. Workers whose namespaces
@@ -55,6 +57,16 @@ struct PoolMasterOptions {
   MasterOptions policy;
   // How often lapsed leases and reservations are collected.
   std::chrono::milliseconds expire_interval{200};
+  // Keep the state's records in the metadata service (under kJournalPrefix, durable) and
+  // restore them at start, so that a restarted master, or a standby taking over, knows every
+  // object that was stored. Needs `metadata`. Records are written every journal_interval; a
+  // record lost in a crash costs a miss (an object forgotten) or nothing (readers verify
+  // checksums, so a stale record is never wrong KV).
+  bool journal = false;
+  std::chrono::milliseconds journal_interval{100};
+  // Restored segments live this long unless their owners renew them (longer than the clients'
+  // segment TTL).
+  std::chrono::milliseconds restore_grace{10000};
 };
 
 // The master behind HTTP (JSON bodies; the protocol is in docs/design/kv-pool.md). Publishes
@@ -71,6 +83,8 @@ class PoolMasterServer {
   // A snapshot of the policy's state (tests, metrics).
   virtual std::vector<SegmentUsage> Usage() const = 0;
   virtual MasterCounters Counters() const = 0;
+  // Journal writes that failed (retried) so far; 0 without a journal.
+  virtual uint64_t JournalFailures() const = 0;
 };
 
 struct PoolClientOptions {
@@ -88,6 +102,12 @@ struct PoolClientOptions {
   std::chrono::milliseconds master_retry{1000};
   // Segment heartbeat: the master drops a segment not renewed for `segment_ttl`.
   std::chrono::milliseconds segment_ttl{5000};
+  // This node's SSD tier (store/ssd_tier.h; empty dir: none): every object this client offers
+  // is also written there, and a lookup continues there where the DRAM pool's prefix ends
+  // (blocks found there are offered to the DRAM pool again: promoted). It answers even while
+  // no master does. Only this client reads it.
+  std::string ssd_dir;
+  uint64_t ssd_bytes = 0;
 };
 
 class PoolClient {
@@ -102,9 +122,11 @@ class PoolClient {
 
   // Reads the longest prefix of `keys` that the pool holds: object i (size bytes) into dests[i]
   // (memory registered with the engine, e.g. a KV block). Returns how many leading objects were
-  // read (0 on a miss); an object that cannot be read ends the prefix there (counted; the bad
-  // replica is reported to the master). Unavailable when no master answers. The objects are
-  // leased to this reader (not evictable) until shortly after `deadline`.
+  // read (0 on a miss); an object that cannot be read, or whose bytes fail their checksum, ends
+  // the prefix there (counted; the bad replica is reported to the master). Then the SSD tier,
+  // if any, continues the prefix. Unavailable when no master answers and the SSD tier gave
+  // nothing. The objects are leased to this reader (not evictable) until shortly after
+  // `deadline`. A hot object may be copied to one more node on the way (the master asks).
   virtual StatusOr<int> GetPrefix(const std::vector<std::string>& keys,
                                   const std::vector<void*>& dests, uint64_t size,
                                   Clock::time_point deadline) = 0;

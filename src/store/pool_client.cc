@@ -1,5 +1,6 @@
 // PoolClient: master calls over HTTP, data over the transfer engine, a heartbeat for mounts.
 #include <httplib.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "common/mutex.h"
 #include "store/pool.h"
 #include "store/pool_protocol_internal.h"
+#include "store/ssd_tier.h"
 #include "transfer/metadata.h"
 #include "transfer/transfer_engine.h"
 
@@ -95,15 +97,40 @@ class PoolClientImpl final : public PoolClient {
   StatusOr<int> GetPrefix(const std::vector<std::string>& keys, const std::vector<void*>& dests,
                           uint64_t size, Clock::time_point deadline) override {
     if (dests.size() != keys.size()) return InvalidArgument("keys and dests differ in length");
-    TANDEM_ASSIGN_OR_RETURN(Prefix prefix, Lookup(keys, deadline));
-    return Read(prefix, std::vector<void*>(dests.begin(), dests.begin() + prefix.keys.size()), size,
-                deadline);
+    StatusOr<Prefix> prefix = Lookup(keys, deadline);
+    if (!prefix.ok() && !ssd_) return prefix.status();
+    size_t n = 0;
+    if (prefix.ok()) {
+      n = static_cast<size_t>(
+          Read(*prefix, std::vector<void*>(dests.begin(), dests.begin() + prefix->keys.size()),
+               size, deadline));
+    }
+    if (!ssd_) return static_cast<int>(n);
+    // The SSD tier continues the prefix where the DRAM pool's ended.
+    const size_t from_dram = n;
+    while (n < keys.size() && ssd_->Read(keys[n], dests[n], size)) ++n;
+    if (n > from_dram) {
+      Count([&](PoolClientStats& s) {
+        s.ssd_hit_objects += n - from_dram;
+        s.hit_objects += n - from_dram;
+        s.bytes_fetched += (n - from_dram) * size;
+      });
+      if (prefix.ok()) {  // promoted: other nodes find them in DRAM again
+        (void)Put(std::vector<std::string>(keys.begin() + from_dram, keys.begin() + n),
+                  std::vector<void*>(dests.begin() + from_dram, dests.begin() + n), size, deadline);
+      }
+    }
+    if (n == 0 && !prefix.ok()) return prefix.status();
+    return static_cast<int>(n);
   }
 
   StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,
                     uint64_t size, Clock::time_point deadline) override {
     if (srcs.size() != keys.size()) return InvalidArgument("keys and srcs differ in length");
     if (keys.empty()) return 0;
+    if (ssd_) {  // write-through (asynchronous; stored ones are skipped)
+      for (size_t i = 0; i < keys.size(); ++i) (void)ssd_->Offer(keys[i], srcs[i], size);
+    }
     const auto ttl = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     TANDEM_ASSIGN_OR_RETURN(json reply, Call("/pool/put_start",
                                              {{"keys", keys},
@@ -155,15 +182,18 @@ class PoolClientImpl final : public PoolClient {
       }
     }
     uint64_t stored = 0, failed = 0;
+    std::vector<uint64_t> checksums;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (targets[i].empty()) continue;
       written_keys.push_back(keys[i]);
       ok.push_back(landed[i]);
+      checksums.push_back(landed[i] ? XXH3_64bits(srcs[i], size) : 0);
       landed[i] ? ++stored : ++failed;
     }
     if (!written_keys.empty()) {
       // If this call fails the reservations lapse at their deadline: nothing half-written shows.
-      (void)Call("/pool/put_end", {{"keys", written_keys}, {"ok", ok}}, deadline);
+      (void)Call("/pool/put_end", {{"keys", written_keys}, {"ok", ok}, {"checksums", checksums}},
+                 deadline);
     }
     Count([&](PoolClientStats& s) {
       s.put_objects += stored;
@@ -190,15 +220,30 @@ class PoolClientImpl final : public PoolClient {
   }
 
   PoolClientStats Stats() const override {
-    MutexLock lock(&mu_);
-    return stats_;
+    PoolClientStats s;
+    {
+      MutexLock lock(&mu_);
+      s = stats_;
+    }
+    if (ssd_) {
+      const SsdTierStats t = ssd_->Stats();
+      s.ssd_capacity_bytes = t.capacity_bytes;
+      s.ssd_used_bytes = t.used_bytes;
+      s.ssd_written_objects = t.written;
+      s.ssd_dropped_objects = t.dropped;
+      s.ssd_corrupt_objects = t.corrupt;
+      s.ssd_evictions = t.evictions;
+    }
+    return s;
   }
+
+  void SetSsdTier(std::unique_ptr<SsdTier> ssd) { ssd_ = std::move(ssd); }
 
  private:
   // The longest held prefix of some keys, leased to this reader.
   struct Prefix {
-    std::vector<std::string> keys;                // the prefix's keys
-    std::vector<std::vector<Location>> replicas;  // per key, where its object is
+    std::vector<std::string> keys;     // the prefix's keys
+    std::vector<FoundObject> objects;  // per key: its checksum, where it is, a copy to make
   };
 
   // GetPrefix's halves: the master's answer (one call), then the reads of its first
@@ -216,15 +261,13 @@ class PoolClientImpl final : public PoolClient {
              {{"keys", keys}, {"lease_ms", std::clamp<int64_t>(lease.count(), 0, 600000)}},
              deadline));
     try {
-      for (const auto& o : reply.at("objects")) {
-        prefix.replicas.push_back(internal::LocationsFromJson(o));
-      }
+      for (const auto& o : reply.at("objects"))
+        prefix.objects.push_back(internal::FoundFromJson(o));
     } catch (const json::exception& e) {
       return Internal(std::string("pool master reply: ") + e.what());
     }
-    if (prefix.replicas.size() > keys.size())
-      return Internal("pool master answered for other keys");
-    prefix.keys.assign(keys.begin(), keys.begin() + prefix.replicas.size());
+    if (prefix.objects.size() > keys.size()) return Internal("pool master answered for other keys");
+    prefix.keys.assign(keys.begin(), keys.begin() + prefix.objects.size());
     if (prefix.keys.empty()) Count([](PoolClientStats& s) { ++s.miss_calls; });
     return prefix;
   }
@@ -233,8 +276,10 @@ class PoolClientImpl final : public PoolClient {
            Clock::time_point deadline) {
     const size_t count = std::min(dests.size(), prefix.keys.size());
     if (count == 0) return 0;
-    const auto& objects = prefix.replicas;
+    std::vector<std::vector<Location>> objects;
+    for (size_t i = 0; i < count; ++i) objects.push_back(prefix.objects[i].replicas);
     const Clock::time_point start = Clock::now();
+    uint64_t corrupt = 0;
     // Every object from its first replica; an object whose read fails tries its next replica;
     // the prefix ends at the first object no replica of which could be read.
     std::vector<size_t> replica(count, 0);
@@ -248,7 +293,11 @@ class PoolClientImpl final : public PoolClient {
       const std::vector<bool> ok = ReadObjects(objects, replica, todo, dests, size, deadline);
       for (size_t t = 0; t < todo.size(); ++t) {
         const size_t i = todo[t];
-        if (ok[t]) {
+        // Read, and the bytes are the ones committed (not a stale record's, not a restarted
+        // owner's fresh memory).
+        const bool intact = ok[t] && XXH3_64bits(dests[i], size) == prefix.objects[i].checksum;
+        if (ok[t] && !intact) ++corrupt;
+        if (intact) {
           done[i] = true;
         } else {
           (void)Call("/pool/bad_replica",
@@ -262,13 +311,46 @@ class PoolClientImpl final : public PoolClient {
     size_t n = 0;
     while (n < count && done[n]) ++n;
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const uint64_t copies = CopyHotObjects(prefix, dests, n, size, deadline);
     Count([&](PoolClientStats& s) {
       s.hit_objects += n;
       s.bytes_fetched += n * size;
       s.fetch_seconds += seconds;
       s.fetch_failures += count - n;
+      s.checksum_failures += corrupt;
+      s.hot_copies += copies;
     });
     return static_cast<int>(n);
+  }
+
+  // Hot-prefix replication: the master asked for copies of some of the first n objects (just
+  // read into dests); writes them and reports each. Returns how many copies landed.
+  uint64_t CopyHotObjects(const Prefix& prefix, const std::vector<void*>& dests, size_t n,
+                          uint64_t size, Clock::time_point deadline) {
+    std::map<std::string, std::vector<size_t>> by_segment;
+    for (size_t i = 0; i < n; ++i) {
+      const Location& to = prefix.objects[i].replicate_to;
+      if (to.size == size) by_segment[to.segment].push_back(i);
+    }
+    uint64_t landed = 0;
+    for (const auto& [segment, items] : by_segment) {
+      std::vector<bool> ok(items.size(), false);
+      if (auto handle = Open(segment); handle.ok()) {
+        std::vector<transfer::TransferRequest> reqs;
+        for (size_t i : items) {
+          reqs.push_back({transfer::OpCode::kWrite, dests[i], *handle,
+                          prefix.objects[i].replicate_to.offset, size});
+        }
+        ok = RunBatch(reqs, deadline);
+      }
+      for (size_t r = 0; r < items.size(); ++r) {
+        (void)Call("/pool/replica_end",
+                   {{"key", prefix.keys[items[r]]}, {"segment", segment}, {"ok", bool(ok[r])}},
+                   deadline);
+        landed += ok[r] ? 1 : 0;
+      }
+    }
+    return landed;
   }
 
   template <typename F>
@@ -429,6 +511,7 @@ class PoolClientImpl final : public PoolClient {
 
   const PoolClientOptions options_;
   std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<SsdTier> ssd_;  // set once before use; thread-safe itself
   mutable Mutex mu_;
   CondVar cv_;
   bool stop_ TANDEM_GUARDED_BY(mu_) = false;
@@ -450,7 +533,13 @@ StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(PoolClientOptions optio
     TANDEM_RETURN_IF_ERROR(ParseHttpUri(options.master_uri).status());
   if (options.replicas < 1) return InvalidArgument("replicas must be at least 1");
   if (options.node.empty()) options.node = options.engine->local_name();
-  return std::unique_ptr<PoolClient>(new PoolClientImpl(std::move(options)));
+  std::unique_ptr<SsdTier> ssd;
+  if (!options.ssd_dir.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(ssd, SsdTier::Open({options.ssd_dir, options.ssd_bytes}));
+  }
+  auto client = std::make_unique<PoolClientImpl>(std::move(options));
+  client->SetSsdTier(std::move(ssd));
+  return std::unique_ptr<PoolClient>(std::move(client));
 }
 
 }  // namespace tandem::store

@@ -33,6 +33,32 @@ inline std::vector<Location> LocationsFromJson(const nlohmann::json& j) {
   return out;
 }
 
+// A FoundObject: {checksum, replicas, replicate_to?}.
+inline nlohmann::json FoundToJson(const FoundObject& f) {
+  nlohmann::json out{{"checksum", f.checksum}, {"replicas", LocationsToJson(f.replicas)}};
+  if (f.replicate_to.size > 0) out["replicate_to"] = LocationsToJson({f.replicate_to})[0];
+  return out;
+}
+
+inline FoundObject FoundFromJson(const nlohmann::json& j) {
+  FoundObject f;
+  f.checksum = j.at("checksum").get<uint64_t>();
+  f.replicas = LocationsFromJson(j.at("replicas"));
+  if (j.contains("replicate_to")) {
+    f.replicate_to = LocationsFromJson(nlohmann::json::array({j.at("replicate_to")}))[0];
+  }
+  return f;
+}
+
+// Durable records (the master's journal in the metadata service).
+inline nlohmann::json ObjectRecordToJson(const ObjectRecord& r) {
+  return {{"size", r.size}, {"checksum", r.checksum}, {"replicas", LocationsToJson(r.replicas)}};
+}
+inline ObjectRecord ObjectRecordFromJson(const std::string& key, const nlohmann::json& j) {
+  return ObjectRecord{key, j.at("size").get<uint64_t>(), j.at("checksum").get<uint64_t>(),
+                      LocationsFromJson(j.at("replicas"))};
+}
+
 inline const char* DecisionName(PutDecision d) {
   switch (d) {
     case PutDecision::kReserved: return "reserved";

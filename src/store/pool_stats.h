@@ -16,6 +16,12 @@ struct PoolClientStats {
   uint64_t bytes_put = 0;
   uint64_t master_unavailable = 0;  // calls that found no master
   uint64_t dram_bytes = 0;          // shared memory mounted as storage segments
+  uint64_t checksum_failures = 0;   // replicas read whose bytes did not match (not used)
+  uint64_t hot_copies = 0;          // replicas of hot objects this client copied
+  // The node's SSD tier (store/ssd_tier.h): capacity and use now, then cumulative counts.
+  uint64_t ssd_capacity_bytes = 0, ssd_used_bytes = 0;
+  uint64_t ssd_hit_objects = 0, ssd_written_objects = 0, ssd_dropped_objects = 0;
+  uint64_t ssd_corrupt_objects = 0, ssd_evictions = 0;
 
   PoolClientStats& operator+=(const PoolClientStats& o) {
     get_calls += o.get_calls;
@@ -31,6 +37,15 @@ struct PoolClientStats {
     bytes_put += o.bytes_put;
     master_unavailable += o.master_unavailable;
     dram_bytes += o.dram_bytes;
+    checksum_failures += o.checksum_failures;
+    hot_copies += o.hot_copies;
+    ssd_capacity_bytes += o.ssd_capacity_bytes;
+    ssd_used_bytes += o.ssd_used_bytes;
+    ssd_hit_objects += o.ssd_hit_objects;
+    ssd_written_objects += o.ssd_written_objects;
+    ssd_dropped_objects += o.ssd_dropped_objects;
+    ssd_corrupt_objects += o.ssd_corrupt_objects;
+    ssd_evictions += o.ssd_evictions;
     return *this;
   }
 };

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -205,6 +206,155 @@ TEST_F(PoolTest, TheMasterRefusesBadRequests) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400);
   EXPECT_TRUE(master_->Usage().empty());
+}
+
+// A master with a journal, killed (destroyed without warning to its clients) and started again:
+// it restores every object from the metadata service, and readers find them without a new put.
+TEST_F(PoolTest, AMasterWithAJournalRestoresItsObjectsAfterARestart) {
+  master_.reset();
+  PoolMasterOptions mo;
+  mo.expire_interval = milliseconds(20);
+  mo.journal = true;
+  mo.journal_interval = milliseconds(10);
+  master_ = std::move(*PoolMasterServer::Start("127.0.0.1", 0, mo, metadata_));
+  PoolClientOptions o;
+  o.metadata = metadata_;
+  o.engine = te_a_.get();
+  o.node = "host-a";
+  o.segment_ttl = milliseconds(600);
+  o.master_retry = milliseconds(50);
+  auto a = std::move(*PoolClient::Create(o));
+  ASSERT_TRUE(a->MountDram("a/pool", 64 * kObject).ok());
+  auto b = Client(te_b_.get(), "host-b");
+  const auto keys = Keys("ns", 0, 4);
+  Buffer src(te_b_.get(), 4, 31), dst(te_a_.get(), 4, 32);
+  ASSERT_EQ(*b->Put(keys, src.Ptrs(0, 4), kObject, Deadline()), 4);
+  ASSERT_TRUE(transfer::testing::WaitFor(
+      [&] { return metadata_->List(std::string(kJournalPrefix) + "objects/")->size() == 4; },
+      std::chrono::seconds(5)));
+
+  master_.reset();
+  master_ = std::move(*PoolMasterServer::Start("127.0.0.1", 0, mo, metadata_));
+  EXPECT_EQ(master_->Counters().restored, 4u);
+  ASSERT_TRUE(transfer::testing::WaitFor(
+      [&] {
+        auto n = a->GetPrefix(keys, dst.Ptrs(0, 4), kObject, Deadline());
+        return n.ok() && *n == 4;
+      },
+      std::chrono::seconds(5)));
+  EXPECT_EQ(dst.bytes, src.bytes);
+  // The heartbeat renewed the restored segment: the objects outlive the restore grace.
+  EXPECT_EQ(master_->Usage().size(), 1u);
+  EXPECT_EQ(b->Stats().put_objects, 4u);  // nothing was written again
+}
+
+// A record whose bytes are not what its checksum says (a stale journal record, a segment whose
+// owner restarted and holds fresh memory): the read is a miss, counted, and the replica dropped.
+TEST_F(PoolTest, BytesThatDoNotMatchTheirChecksumAreAMiss) {
+  master_.reset();
+  PoolMasterOptions mo;
+  mo.journal = true;
+  mo.journal_interval = milliseconds(10);
+  master_ = std::move(*PoolMasterServer::Start("127.0.0.1", 0, mo, metadata_));
+  auto a = Client(te_a_.get(), "host-a");
+  ASSERT_TRUE(a->MountDram("a/pool", 64 * kObject).ok());
+  const auto keys = Keys("ns", 0, 2);
+  Buffer src(te_a_.get(), 2, 41), dst(te_a_.get(), 2, 42);
+  ASSERT_EQ(*a->Put(keys, src.Ptrs(0, 2), kObject, Deadline()), 2);
+  const std::string record = std::string(kJournalPrefix) + "objects/" + keys[1];
+  ASSERT_TRUE(transfer::testing::WaitFor([&] { return metadata_->Get(record).ok(); },
+                                         std::chrono::seconds(5)));
+  // The second object's record, as a restarted master will read it, claims other bytes.
+  auto j = nlohmann::json::parse(*metadata_->Get(record));
+  j["checksum"] = j["checksum"].get<uint64_t>() ^ 1;
+  master_.reset();
+  ASSERT_TRUE(metadata_->PutDurable(record, j.dump()).ok());
+  master_ = std::move(*PoolMasterServer::Start("127.0.0.1", 0, mo, metadata_));
+  auto reader = Client(te_a_.get(), "host-a");
+  EXPECT_EQ(*reader->GetPrefix(keys, dst.Ptrs(0, 2), kObject, Deadline()), 1);
+  EXPECT_EQ(reader->Stats().checksum_failures, 1u);
+  EXPECT_EQ(*reader->Exist(keys, Deadline()), (std::vector<bool>{true, false}));
+}
+
+// A hot object: after `hot_gets` reads the master asks a reader to copy it to another node.
+TEST_F(PoolTest, AHotObjectIsCopiedToAnotherNodeByItsReader) {
+  master_.reset();
+  PoolMasterOptions mo;
+  mo.policy.hot_gets = 2;
+  mo.policy.max_replicas = 2;
+  master_ = std::move(*PoolMasterServer::Start("127.0.0.1", 0, mo, metadata_));
+  auto a = Client(te_a_.get(), "host-a");
+  auto b = Client(te_b_.get(), "host-b");
+  ASSERT_TRUE(a->MountDram("a/pool", 64 * kObject).ok());
+  ASSERT_TRUE(b->MountDram("b/pool", 64 * kObject).ok());
+  const auto keys = Keys("ns", 0, 2);
+  Buffer src(te_b_.get(), 2, 51), dst(te_a_.get(), 2, 52);
+  ASSERT_EQ(*b->Put(keys, src.Ptrs(0, 2), kObject, Deadline()), 2);  // on host-b: the writer's
+  ASSERT_EQ(*a->GetPrefix(keys, dst.Ptrs(0, 2), kObject, Deadline()), 2);
+  EXPECT_EQ(a->Stats().hot_copies, 0u);
+  ASSERT_EQ(*a->GetPrefix(keys, dst.Ptrs(0, 2), kObject, Deadline()), 2);
+  EXPECT_EQ(a->Stats().hot_copies, 2u);
+  EXPECT_EQ(master_->Counters().hot_replicas, 2u);
+  int on_a = 0;
+  for (const SegmentUsage& u : master_->Usage()) on_a += u.name == "a/pool" ? u.objects : 0;
+  EXPECT_EQ(on_a, 2);
+  // Host b's segment gone: the copies on host a serve.
+  b.reset();
+  std::fill(dst.bytes.begin(), dst.bytes.end(), 0);
+  ASSERT_EQ(*a->GetPrefix(keys, dst.Ptrs(0, 2), kObject, Deadline()), 2);
+  EXPECT_EQ(dst.bytes, src.bytes);
+}
+
+TEST_F(PoolTest, TheSsdTierKeepsWhatTheDramPoolLostAndServesWithoutAMaster) {
+  const std::string dir = ::testing::TempDir() + "/tandem-pool-ssd-" + std::to_string(::getpid());
+  PoolClientOptions o;
+  o.metadata = metadata_;
+  o.engine = te_a_.get();
+  o.node = "host-a";
+  o.master_retry = milliseconds(50);
+  o.ssd_dir = dir;
+  o.ssd_bytes = 64 * kObject;
+  auto a = std::move(*PoolClient::Create(o));
+  ASSERT_TRUE(a->MountDram("a/pool", 2 * kObject).ok());  // DRAM for two objects
+  const auto keys = Keys("ns", 0, 4);
+  Buffer src(te_a_.get(), 4, 61), dst(te_a_.get(), 4, 62);
+  ASSERT_EQ(*a->Put(Keys("ns", 0, 2), src.Ptrs(0, 2), kObject, Deadline()), 2);
+  ASSERT_EQ(*a->Put(Keys("ns", 2, 4), src.Ptrs(2, 4), kObject, Deadline()), 2);  // evicts 0, 1
+  EXPECT_EQ(*a->Exist(keys, Deadline()), (std::vector<bool>{false, false, true, true}));
+  ASSERT_TRUE(transfer::testing::WaitFor([&] { return a->Stats().ssd_written_objects == 4; },
+                                         std::chrono::seconds(5)));
+  // The evicted head is a DRAM miss; the SSD tier gives the whole prefix, and the head is
+  // promoted back into DRAM (evicting the rest, which the SSD tier still holds).
+  ASSERT_EQ(*a->GetPrefix(keys, dst.Ptrs(0, 4), kObject, Deadline()), 4);
+  EXPECT_EQ(dst.bytes, src.bytes);
+  EXPECT_EQ(a->Stats().ssd_hit_objects, 4u);
+  EXPECT_EQ(*a->Exist(keys, Deadline()), (std::vector<bool>{true, true, false, false}));
+  // Now the head from DRAM, the rest from the SSD tier.
+  std::fill(dst.bytes.begin(), dst.bytes.end(), 0);
+  ASSERT_EQ(*a->GetPrefix(keys, dst.Ptrs(0, 4), kObject, Deadline()), 4);
+  EXPECT_EQ(dst.bytes, src.bytes);
+  EXPECT_EQ(a->Stats().ssd_hit_objects, 6u);
+  // No master at all: the SSD tier still answers.
+  master_.reset();
+  std::fill(dst.bytes.begin(), dst.bytes.end(), 0);
+  auto got = a->GetPrefix(keys, dst.Ptrs(0, 4), kObject, Deadline());
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 4);
+  EXPECT_EQ(dst.bytes, src.bytes);
+  a.reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(PoolTest, AnUnwritableSsdDirectoryIsAClearError) {
+  PoolClientOptions o;
+  o.metadata = metadata_;
+  o.engine = te_a_.get();
+  o.ssd_dir = "/proc/tandem-cannot-be-here";
+  o.ssd_bytes = 1 << 20;
+  auto c = PoolClient::Create(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("/proc/tandem-cannot-be-here"), std::string::npos)
+      << c.status().ToString();
 }
 
 // A storage node killed with SIGKILL: reads of its objects fail within the deadline (counted,

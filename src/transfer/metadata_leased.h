@@ -53,8 +53,7 @@ class LeasedStore final : public MetadataStore {
   ~LeasedStore() override;
 
   Status Put(const std::string& key, const std::string& value) override TANDEM_EXCLUDES(mu_);
-  Status PutDurable(const std::string& key, const std::string& value) override
-      TANDEM_EXCLUDES(mu_);
+  Status PutDurable(const std::string& key, const std::string& value) override TANDEM_EXCLUDES(mu_);
   StatusOr<std::string> Get(const std::string& key) override;
   Status Delete(const std::string& key) override TANDEM_EXCLUDES(mu_);
   StatusOr<std::vector<std::pair<std::string, std::string>>> List(
