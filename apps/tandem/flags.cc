@@ -95,29 +95,40 @@ void AddTransferFlags(CLI::App* cmd, WorkerKnobs& k) {
                   "Shared memory each worker contributes to the KV pool (0: none)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--pool-ssd-dir", k.pool_ssd_dir,
+                  "The KV pool's SSD tier: each worker keeps the blocks it offers as checksummed "
+                  "files in DIR/<worker name>, read when the DRAM pool has lost them (default: "
+                  "no SSD tier)");
+  cmd->add_option("--pool-ssd-gb", k.pool_ssd_gb, "Capacity of each worker's SSD tier, GB")
+      ->check(CLI::Range(0.001, 1e6))
+      ->capture_default_str();
 }
 
 std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& k) {
-  return {"--block-tokens",
-          std::to_string(k.block_tokens),
-          "--max-num-seqs",
-          std::to_string(k.max_num_seqs),
-          "--max-batch-tokens",
-          std::to_string(k.max_batch_tokens),
-          "--max-waiting",
-          std::to_string(k.max_waiting),
-          "--drain-timeout-s",
-          Exact(k.drain_timeout_s),
-          "--transfer-protocols",
-          k.transfer_protocols,
-          "--kv-transfer-timeout-s",
-          Exact(k.kv_transfer_timeout_s),
-          "--cost-profile",
-          k.cost_profile,
-          "--kv-pool",
-          k.kv_pool,
-          "--pool-dram-mb",
-          std::to_string(k.pool_dram_mb)};
+  std::vector<std::string> args = {"--block-tokens",
+                                   std::to_string(k.block_tokens),
+                                   "--max-num-seqs",
+                                   std::to_string(k.max_num_seqs),
+                                   "--max-batch-tokens",
+                                   std::to_string(k.max_batch_tokens),
+                                   "--max-waiting",
+                                   std::to_string(k.max_waiting),
+                                   "--drain-timeout-s",
+                                   Exact(k.drain_timeout_s),
+                                   "--transfer-protocols",
+                                   k.transfer_protocols,
+                                   "--kv-transfer-timeout-s",
+                                   Exact(k.kv_transfer_timeout_s),
+                                   "--cost-profile",
+                                   k.cost_profile,
+                                   "--kv-pool",
+                                   k.kv_pool,
+                                   "--pool-dram-mb",
+                                   std::to_string(k.pool_dram_mb),
+                                   "--pool-ssd-gb",
+                                   Exact(k.pool_ssd_gb)};
+  if (!k.pool_ssd_dir.empty()) args.insert(args.end(), {"--pool-ssd-dir", k.pool_ssd_dir});
+  return args;
 }
 
 }  // namespace tandem::app

@@ -23,6 +23,8 @@ struct WorkerKnobs {
   std::string cost_profile = "auto";           // cluster/calibration.h LoadOrCalibrate
   std::string kv_pool = "on";                  // use the cluster KV pool (cluster/worker.h)
   int pool_dram_mb = 256;                      // DRAM each worker contributes to it
+  std::string pool_ssd_dir;                    // the pool's SSD tier: DIR/<worker name> each
+  double pool_ssd_gb = 4;                      // capacity of each worker's SSD tier
 
   bool operator==(const WorkerKnobs&) const = default;
 };
@@ -41,7 +43,8 @@ void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
 
 // --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s.
 void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& knobs);
-// --transfer-protocols, --kv-transfer-timeout-s, --cost-profile, --kv-pool, --pool-dram-mb.
+// --transfer-protocols, --kv-transfer-timeout-s, --cost-profile, --kv-pool, --pool-dram-mb,
+// --pool-ssd-dir, --pool-ssd-gb.
 void AddTransferFlags(CLI::App* cmd, WorkerKnobs& knobs);
 // The command line that sets every field of `knobs` (what AddSchedulerFlags and
 // AddTransferFlags parse back into an equal struct).

@@ -4,6 +4,7 @@
 #include "bench_command.h"
 #include "common/logging.h"
 #include "generate_command.h"
+#include "pool_command.h"
 #include "serve_command.h"
 #include "simulate_command.h"
 #include "transfer_bench_command.h"
@@ -31,8 +32,13 @@ int main(int argc, char** argv) {
   CLI::App* transfer_bench_cmd = tandem::app::AddTransferBenchCommand(app, transfer_bench);
   tandem::app::SimulateFlags simulate;
   CLI::App* simulate_cmd = tandem::app::AddSimulateCommand(app, simulate);
+  tandem::app::PoolMasterFlags pool_master;
+  CLI::App* pool_master_cmd = tandem::app::AddPoolMasterCommand(app, pool_master);
+  tandem::app::StoreFlags store;
+  CLI::App* store_cmd = tandem::app::AddStoreCommand(app, store);
   CLI11_PARSE(app, argc, argv);
-  if ((serve_cmd->parsed() || worker_cmd->parsed() || conductor_cmd->parsed()) &&
+  if ((serve_cmd->parsed() || worker_cmd->parsed() || conductor_cmd->parsed() ||
+       pool_master_cmd->parsed() || store_cmd->parsed()) &&
       log_level_opt->count() == 0) {
     log_level = "info";
   }
@@ -47,6 +53,8 @@ int main(int argc, char** argv) {
   if (profile_cmd->parsed()) return tandem::app::RunProfile(profile);
   if (bench_cmd->parsed()) return tandem::app::RunBench(bench);
   if (simulate_cmd->parsed()) return tandem::app::RunSimulate(simulate);
+  if (pool_master_cmd->parsed()) return tandem::app::RunPoolMaster(pool_master);
+  if (store_cmd->parsed()) return tandem::app::RunStore(store);
   if (transfer_bench_cmd->parsed()) return tandem::bench::RunTransferBench(transfer_bench);
   return 2;
 }

@@ -100,6 +100,10 @@ int RunWorker(const WorkerFlags& f) {
   o.cost_profile = f.knobs.cost_profile;
   o.kv_pool = f.knobs.kv_pool == "on";
   o.pool_dram_bytes = static_cast<uint64_t>(f.knobs.pool_dram_mb) << 20;
+  if (!f.knobs.pool_ssd_dir.empty()) {
+    o.pool_ssd_dir = f.knobs.pool_ssd_dir + "/" + o.name;
+    o.pool_ssd_bytes = static_cast<uint64_t>(f.knobs.pool_ssd_gb * 1e9);
+  }
   auto names = ParseProtocolList(f.knobs.transfer_protocols);
   if (!names.ok()) {
     std::fprintf(stderr, "error: %s\n", names.status().message().c_str());

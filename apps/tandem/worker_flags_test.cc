@@ -38,6 +38,8 @@ TEST(WorkerFlagsTest, ArgvParsesBackToTheSameFlags) {
   f.knobs.cost_profile = "none";
   f.knobs.kv_pool = "off";
   f.knobs.pool_dram_mb = 17;
+  f.knobs.pool_ssd_dir = "/var/tmp/kv blocks";
+  f.knobs.pool_ssd_gb = 0.25;
   ASSERT_FALSE(f == WorkerFlags{});
   EXPECT_TRUE(Parse(WorkerArgv(f)) == f);
 }

@@ -259,6 +259,8 @@ class WorkerImpl final : public Worker {
     po.metadata = metadata_;
     po.engine = te_.get();
     po.node = o.name;  // each worker process is a failure domain of its own
+    po.ssd_dir = o.pool_ssd_dir;
+    po.ssd_bytes = o.pool_ssd_bytes;
     TANDEM_ASSIGN_OR_RETURN(pool_, store::PoolClient::Create(po));
     if (o.pool_dram_bytes > 0) {
       TANDEM_RETURN_IF_ERROR(pool_->MountDram(o.name + "." + std::to_string(incarnation) + "/pool",
@@ -267,8 +269,11 @@ class WorkerImpl final : public Worker {
     auto bridge = std::make_shared<PoolBridge>(
         pool_.get(), &kv, std::filesystem::path(o.engine.model_path).filename().string(),
         std::chrono::milliseconds(2000), std::chrono::milliseconds(2000));
-    log_->info("KV pool: namespace {}, {:.0f} MiB of DRAM contributed", bridge->ns(),
-               o.pool_dram_bytes / 1048576.0);
+    log_->info("KV pool: namespace {}, {:.0f} MiB of DRAM contributed{}", bridge->ns(),
+               o.pool_dram_bytes / 1048576.0,
+               o.pool_ssd_dir.empty() ? std::string()
+                                      : fmt::format(", SSD tier {} ({:.1f} GB)", o.pool_ssd_dir,
+                                                    o.pool_ssd_bytes / 1e9));
     so->kv_pool = std::move(bridge);
     return OkStatus();
   }

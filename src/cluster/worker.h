@@ -53,6 +53,10 @@ struct WorkerOptions {
   // Models with sliding-window layers do not use it yet.
   bool kv_pool = true;
   uint64_t pool_dram_bytes = uint64_t{256} << 20;
+  // The pool's SSD tier of this worker (store/ssd_tier.h): a directory of its own (empty:
+  // none) and its capacity.
+  std::string pool_ssd_dir;
+  uint64_t pool_ssd_bytes = 0;
 };
 
 // A worker's role can change while it runs (POST /v1/role, elastic pools); info() keeps what it

@@ -111,8 +111,11 @@ class MasterServerImpl final : public PoolMasterServer {
     if (thread_.joinable()) thread_.join();
     if (expirer_.joinable()) expirer_.join();
     if (journaler_.joinable()) journaler_.join();
-    if (options_.journal && metadata_) FlushJournal();   // the last changes (best effort)
-    if (metadata_) (void)metadata_->Delete(kMasterKey);  // best effort; the lease ends it anyway
+    if (options_.journal && metadata_) FlushJournal();  // the last changes (best effort)
+    if (metadata_) {  // best effort (the lease ends it anyway); never another master's key
+      auto published = metadata_->Get(kMasterKey);
+      if (published.ok() && *published == uri()) (void)metadata_->Delete(kMasterKey);
+    }
   }
 
   Status Listen(const std::string& host, int port,

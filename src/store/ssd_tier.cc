@@ -116,7 +116,8 @@ class SsdTierImpl final : public SsdTier {
     {
       Fd fd(::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600));
       if (fd.fd < 0 || !WriteAll(fd.fd, kMagic, sizeof(kMagic), 0)) {
-        return Unavailable("SSD tier " + options_.dir + " is not writable: " + std::strerror(errno));
+        return Unavailable("SSD tier " + options_.dir +
+                           " is not writable: " + std::strerror(errno));
       }
     }
     ::unlink(probe.c_str());
@@ -242,8 +243,7 @@ class SsdTierImpl final : public SsdTier {
     }
   }
 
-  void Add(const std::string& key, uint64_t size, uint64_t file_bytes)
-      TANDEM_REQUIRES(mu_) {
+  void Add(const std::string& key, uint64_t size, uint64_t file_bytes) TANDEM_REQUIRES(mu_) {
     lru_.push_front(key);
     index_[key] = Entry{size, file_bytes, lru_.begin()};
     used_ += file_bytes;

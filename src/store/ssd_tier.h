@@ -25,14 +25,14 @@
 namespace tandem::store {
 
 struct SsdTierOptions {
-  std::string dir;                              // created if missing
-  uint64_t capacity_bytes = 0;                  // files (headers included) stay within this
-  uint64_t queue_bytes = uint64_t{64} << 20;    // bytes of offers waiting for the writer
+  std::string dir;                            // created if missing
+  uint64_t capacity_bytes = 0;                // files (headers included) stay within this
+  uint64_t queue_bytes = uint64_t{64} << 20;  // bytes of offers waiting for the writer
 };
 
 struct SsdTierStats {
   uint64_t capacity_bytes = 0, used_bytes = 0;
-  uint64_t objects = 0;         // files indexed now
+  uint64_t objects = 0;  // files indexed now
   uint64_t hits = 0, misses = 0;
   uint64_t written = 0;         // files written
   uint64_t dropped = 0;         // offers not written: queue full, or the write failed
