@@ -22,7 +22,9 @@ Experiments (--experiment, default all):
             load-balance placement (a conversation's turns land on either prefill worker) and
             cache-load (turns follow their cache), each with --kv-pool off and on. Table: prefix
             hit ratio (hit / prompt tokens), tokens read from the pool, prompt tokens computed,
-            TTFT mean / p50 / p90, and the ratios pool / local-only.
+            TTFT mean / p50 / p90, and the ratios pool / local-only. Then, with load-balance, a
+            DRAM pool too small for the workload (--pool-small-dram-mb per worker) without and
+            with an SSD tier (--pool-ssd-gb per worker, in the output folder).
   capacity  a rate sweep (Poisson arrivals, fresh prompts per rate) of the default mode against
             --mode colocated on the same cores, at a tight and a loose TBT SLO with one TTFT SLO:
             the highest rate at which >= --target of the requests meet both SLOs, and the ratio
@@ -70,7 +72,10 @@ SERVE_BENCH = os.path.join(HERE, "serving", "serve_bench.py")
 EXPERIMENTS = ("policies", "overload", "capacity")  # what --experiment all runs
 OPT_IN_EXPERIMENTS = ("pool",)  # run only when named
 POOL_CONFIGS = (("load-balance", "off"), ("load-balance", "on"), ("cache-load", "off"),
-                ("cache-load", "on"))
+                ("cache-load", "on"), ("load-balance", "small"), ("load-balance", "small+ssd"))
+# The pool settings of each POOL_CONFIGS entry: off, on (256 MiB of DRAM per worker), and a
+# DRAM pool too small for the workload (--pool-small-dram-mb) without and with an SSD tier.
+POOL_MODES = ("off", "on", "small", "small+ssd")
 POLICIES = ("random", "load-balance", "cache-aware", "cache-load")
 ADMISSIONS = ("none", "early", "predictive")
 CAPACITY_MODES = ("default", "colocated")
@@ -583,14 +588,24 @@ def experiment_pool(args, out, log, runs_failed):
     base = disagg_args(2, 1, 1) + ["--admission", "none", "--no-local-prefill",
                                    "--kv-cache-tokens", str(kv), "--max-model-len", str(kv)] + \
         slo_server_args(args.slo_ttft_ms, args.slo_tbt_ms)
+    def pool_args(pool, run_dir):
+        if pool in ("off", "on"):
+            return ["--kv-pool", pool]
+        small = ["--kv-pool", "on", "--pool-dram-mb", str(args.pool_small_dram_mb)]
+        if pool == "small":
+            return small
+        return small + ["--pool-ssd-dir", os.path.join(run_dir, "ssd"),
+                        "--pool-ssd-gb", f"{args.pool_ssd_gb:g}"]
+
     runs = collections.defaultdict(list)
     for rnd in range(args.rounds):
         for placement, pool in rotated(POOL_CONFIGS, rnd):
             name = f"{placement}-pool-{pool}"
+            run_dir = os.path.join(out, f"{name}-round{rnd + 1}")
             try:
                 runs[name].append(run_config(
-                    args, name, base + ["--placement-policy", placement, "--kv-pool", pool],
-                    bench_args, os.path.join(out, f"{name}-round{rnd + 1}"), log))
+                    args, name, base + ["--placement-policy", placement] + pool_args(pool, run_dir),
+                    bench_args, run_dir, log))
             except RunError as e:
                 log(f"FAILED {e}")
                 runs_failed.append(str(e))
@@ -611,26 +626,27 @@ def experiment_pool(args, out, log, runs_failed):
                 "ttft_mean": s["ttft_ms"]["mean"], "ttft_p50": s["ttft_ms"]["p50"],
                 "ttft_p90": s["ttft_ms"]["p90"], "hit_tokens": hit, "computed_tokens": computed,
                 "pool_tokens": total(m, "tandem_kv_pool_hit_tokens_total"),
+                "ssd_blocks": total(m, "tandem_kv_pool_ssd_hit_blocks_total"),
                 "hit_ratio": hit / prompt_total if prompt_total > 0 else None})
         keys = per_round[0].keys() if per_round else ()
         figures[name] = {k: median_or_none(r[k] for r in per_round) for k in keys}
         figures[name]["rounds"] = len(per_round)
     lines = [f"## KV pool against local prefix caches (median of {args.rounds} round(s))", "",
              f"Workload: {desc}.", "",
-             "| placement | KV pool | prefix hit ratio | tokens from the pool | prompt tokens computed "
-             "| mean TTFT ms | p50 TTFT ms | p90 TTFT ms | completed / failed | hit ratio / off | "
-             "computed / off |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| placement | KV pool | prefix hit ratio | tokens from the pool | blocks from SSD | "
+             "prompt tokens computed | mean TTFT ms | p50 TTFT ms | p90 TTFT ms | completed / failed "
+             "| hit ratio / off | computed / off |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for placement, pool in POOL_CONFIGS:
         f = figures[f"{placement}-pool-{pool}"]
         if not f.get("rounds"):
-            lines.append(f"| {placement} | {pool} | failed (see log) |" + "  |" * 8)
+            lines.append(f"| {placement} | {pool} | failed (see log) |" + "  |" * 9)
             continue
         off = figures.get(f"{placement}-pool-off", {})
         def ratio(key):
             a, b = f.get(key), off.get(key)
             return f"{a / b:.2f}x" if a is not None and b else "n/a"
         lines.append(f"| {placement} | {pool} | {pct(f['hit_ratio'])} | {num(f['pool_tokens'], 4)} | "
-                     f"{num(f['computed_tokens'], 4)} | {num(f['ttft_mean'], 4)} | "
+                     f"{num(f['ssd_blocks'], 4)} | {num(f['computed_tokens'], 4)} | {num(f['ttft_mean'], 4)} | "
                      f"{num(f['ttft_p50'], 4)} | {num(f['ttft_p90'], 4)} | {num(f['completed'])} / "
                      f"{num(f['failed'])} | {ratio('hit_ratio')} | {ratio('computed_tokens')} |")
     return "\n".join(lines), {"workload": desc, "bench_args": bench_args, "serve_args": base,
@@ -810,7 +826,8 @@ def experiment_capacity(args, out, log, runs_failed, flags):
 REQUIRED_FLAGS = {"policies": ("--placement-policy", "--admission", "--slo-ttft-ms", "--slo-tbt-ms"),
                   "overload": ("--admission", "--slo-ttft-ms", "--slo-tbt-ms"),
                   "capacity": (),
-                  "pool": ("--placement-policy", "--admission", "--kv-pool", "--pool-dram-mb")}
+                  "pool": ("--placement-policy", "--admission", "--kv-pool", "--pool-dram-mb",
+                           "--pool-ssd-dir", "--pool-ssd-gb")}
 
 
 def parse_args(argv):
@@ -856,6 +873,9 @@ def parse_args(argv):
     g = ap.add_argument_group("pool")
     g.add_argument("--pool-kv-tokens", type=int, default=2048,
                    help="KV cache of each worker in the pool experiment (small: local caches evict)")
+    g.add_argument("--pool-small-dram-mb", type=int, default=4,
+                   help="DRAM per worker of the too-small pool (with and without an SSD tier)")
+    g.add_argument("--pool-ssd-gb", type=float, default=1.0, help="SSD tier per worker")
     g = ap.add_argument_group("overload")
     g.add_argument("--overload-requests", type=int)
     g.add_argument("--overload-start", type=int, default=0)

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   CLI::App* pool_master_cmd = tandem::app::AddPoolMasterCommand(app, pool_master);
   tandem::app::StoreFlags store;
   CLI::App* store_cmd = tandem::app::AddStoreCommand(app, store);
+  tandem::app::PoolBenchFlags pool_bench;
+  CLI::App* pool_bench_cmd = tandem::app::AddPoolBenchCommand(app, pool_bench);
   CLI11_PARSE(app, argc, argv);
   if ((serve_cmd->parsed() || worker_cmd->parsed() || conductor_cmd->parsed() ||
        pool_master_cmd->parsed() || store_cmd->parsed()) &&
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
   if (simulate_cmd->parsed()) return tandem::app::RunSimulate(simulate);
   if (pool_master_cmd->parsed()) return tandem::app::RunPoolMaster(pool_master);
   if (store_cmd->parsed()) return tandem::app::RunStore(store);
+  if (pool_bench_cmd->parsed()) return tandem::app::RunPoolBench(pool_bench);
   if (transfer_bench_cmd->parsed()) return tandem::bench::RunTransferBench(transfer_bench);
   return 2;
 }

@@ -3,9 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "app_util.h"
 #include "common/logging.h"
@@ -39,7 +42,8 @@ CLI::App* AddPoolMasterCommand(CLI::App& app, PoolMasterFlags& f) {
       "pool-master",
       "Run the KV pool's master on its own (several hosts): found by workers through the "
       "metadata service; stands by while another master is published");
-  cmd->add_option("--metadata", f.metadata, "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
+  cmd->add_option("--metadata", f.metadata,
+                  "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
       ->required();
   cmd->add_option("--host", f.host, "Address to listen on (and to publish)")->capture_default_str();
   cmd->add_option("--port", f.port, "Port (0: any free port)")
@@ -103,7 +107,8 @@ int RunPoolMaster(const PoolMasterFlags& f) {
 CLI::App* AddStoreCommand(CLI::App& app, StoreFlags& f) {
   CLI::App* cmd = app.add_subcommand(
       "store", "Contribute DRAM to the KV pool without an engine (a storage node)");
-  cmd->add_option("--metadata", f.metadata, "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
+  cmd->add_option("--metadata", f.metadata,
+                  "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
       ->required();
   cmd->add_option("--name", f.name, "Unique name in the cluster (default: store-<pid>)");
   cmd->add_option("--host", f.host, "Address of the data listener")->capture_default_str();
@@ -143,9 +148,10 @@ int RunStore(const StoreFlags& f) {
   // The segment's name changes with every start: objects a dead incarnation held never
   // resolve to the new, empty memory.
   const std::string segment =
-      name + "." + std::to_string(std::chrono::duration_cast<milliseconds>(
-                                      std::chrono::system_clock::now().time_since_epoch())
-                                      .count()) +
+      name + "." +
+      std::to_string(std::chrono::duration_cast<milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count()) +
       "/pool";
   if (Status st = (*pool)->MountDram(segment, static_cast<uint64_t>(f.dram_mb) << 20); !st.ok()) {
     return Fail("pool segment", st);
@@ -156,6 +162,151 @@ int RunStore(const StoreFlags& f) {
   }
   log->info("store {} stopping", name);
   pool->reset();  // unmounts
+  return 0;
+}
+
+CLI::App* AddPoolBenchCommand(CLI::App& app, PoolBenchFlags& f) {
+  CLI::App* cmd = app.add_subcommand(
+      "pool-bench", "Measure fetches from the KV pool (GB/s, batch latency) through its master");
+  cmd->add_option("--metadata", f.metadata,
+                  "Metadata service: http://HOST:PORT or etcd://HOST:PORT")
+      ->required();
+  cmd->add_option("--host", f.host, "Address of this client's data listener")
+      ->capture_default_str();
+  cmd->add_option("--transfer-protocols", f.transfer_protocols,
+                  "Transfer protocols by preference (shm, tcp, ucx)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", f.block_bytes, "Bytes per object")
+      ->check(CLI::Range(uint64_t{64}, uint64_t{1} << 30))
+      ->capture_default_str();
+  cmd->add_option("--batch-size", f.batch, "Objects per lookup")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--objects", f.objects, "Objects stored and read in turn")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--duration", f.duration_s, "Measured seconds")
+      ->check(CLI::Range(0.01, 3600.0))
+      ->capture_default_str();
+  cmd->add_flag("--json", f.json, "Print one JSON object");
+  AddClusterTokenFlag(cmd, f.cluster_token_file);
+  return cmd;
+}
+
+int RunPoolBench(const PoolBenchFlags& f) {
+  if (!SetUpClusterToken(f.cluster_token_file, /*generate=*/false)) return 2;
+  if (f.objects < f.batch) {
+    std::fprintf(stderr, "error: --objects must be at least --batch-size\n");
+    return 2;
+  }
+  auto names = ParseProtocolList(f.transfer_protocols);
+  if (!names.ok()) return Fail("--transfer-protocols", names.status());
+  auto metadata = transfer::OpenMetadataStore(f.metadata);
+  if (!metadata.ok()) return Fail("metadata service " + f.metadata, metadata.status());
+  const std::string name = "pool-bench-" + std::to_string(::getpid());
+  transfer::TransferEngineOptions to;
+  to.local_name = name;
+  to.metadata = *metadata;
+  to.tcp_listen_host = f.host;
+  to.protocols.clear();
+  for (const auto& n : *names) to.protocols.push_back(*transfer::ParseProtocol(n));
+  auto te = transfer::TransferEngine::Create(to);
+  if (!te.ok()) return Fail("transfer engine", te.status());
+  store::PoolClientOptions po;
+  po.metadata = *metadata;
+  po.engine = te->get();
+  po.node = name;
+  auto pool = store::PoolClient::Create(po);
+  if (!pool.ok()) return Fail("pool client", pool.status());
+
+  // Sources: every object, distinct bytes; destinations: one batch.
+  const uint64_t block = f.block_bytes;
+  std::vector<uint8_t> src(block * static_cast<uint64_t>(f.objects));
+  uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (auto& b : src) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  std::vector<uint8_t> dst(block * static_cast<uint64_t>(f.batch));
+  for (auto* buf : {&src, &dst}) {
+    if (Status st = (*te)->RegisterLocalMemory(buf->data(), buf->size()); !st.ok()) {
+      return Fail("register memory", st);
+    }
+  }
+  std::vector<std::string> keys;
+  for (int i = 0; i < f.objects; ++i) keys.push_back(store::ObjectKey(name, uint64_t(i)));
+  auto ptrs = [](std::vector<uint8_t>& buf, uint64_t block, int begin, int end) {
+    std::vector<void*> p;
+    for (int i = begin; i < end; ++i) p.push_back(buf.data() + block * static_cast<uint64_t>(i));
+    return p;
+  };
+  const auto deadline = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(10); };
+  for (int i = 0; i < f.objects; i += f.batch) {
+    const int end = std::min(f.objects, i + f.batch);
+    auto stored = (*pool)->Put(std::vector<std::string>(keys.begin() + i, keys.begin() + end),
+                               ptrs(src, block, i, end), block, deadline());
+    if (!stored.ok()) return Fail("put", stored.status());
+    if (*stored != end - i) {
+      std::fprintf(stderr, "error: the pool stored %d of %d objects (no segment with room?)\n",
+                   *stored, end - i);
+      return 1;
+    }
+  }
+  // Lookups of whole batches, cycling through the objects.
+  std::vector<double> latencies_us;
+  uint64_t bytes = 0;
+  const int groups = f.objects / f.batch;
+  const auto start = std::chrono::steady_clock::now();
+  const auto stop = start + std::chrono::duration<double>(f.duration_s);
+  for (int g = 0; std::chrono::steady_clock::now() < stop; g = (g + 1) % groups) {
+    const int begin = g * f.batch;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto got = (*pool)->GetPrefix(
+        std::vector<std::string>(keys.begin() + begin, keys.begin() + begin + f.batch),
+        ptrs(dst, block, 0, f.batch), block, deadline());
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!got.ok()) return Fail("get", got.status());
+    if (*got != f.batch) {
+      std::fprintf(stderr, "error: a lookup read %d of %d objects\n", *got, f.batch);
+      return 1;
+    }
+    bytes += block * static_cast<uint64_t>(*got);
+    latencies_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (std::memcmp(dst.data(),
+                  src.data() +
+                      block * static_cast<uint64_t>(
+                                  ((static_cast<int>(latencies_us.size()) - 1) % groups) * f.batch),
+                  dst.size()) != 0) {
+    std::fprintf(stderr, "error: the bytes read differ from the bytes stored\n");
+    return 1;
+  }
+  (void)(*pool)->Remove(keys, deadline());
+  std::sort(latencies_us.begin(), latencies_us.end());
+  auto pct = [&](double q) {
+    return latencies_us[std::min(
+        latencies_us.size() - 1,
+        static_cast<size_t>(q * static_cast<double>(latencies_us.size())))];
+  };
+  const double gbps = static_cast<double>(bytes) / seconds / 1e9;
+  if (f.json) {
+    std::printf(
+        "{\"block_size\":%llu,\"batch_size\":%d,\"batches\":%zu,\"bytes\":%llu,"
+        "\"duration_s\":%.3f,\"gbps\":%.3f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
+        "\"protocols\":\"%s\"}\n",
+        static_cast<unsigned long long>(block), f.batch, latencies_us.size(),
+        static_cast<unsigned long long>(bytes), seconds, gbps, pct(0.5), pct(0.99),
+        f.transfer_protocols.c_str());
+  } else {
+    std::printf("%zu lookups of %d x %llu B in %.2f s: %.3f GB/s, p50 %.1f us, p99 %.1f us\n",
+                latencies_us.size(), f.batch, static_cast<unsigned long long>(block), seconds, gbps,
+                pct(0.5), pct(0.99));
+  }
+  for (auto* buf : {&src, &dst}) (void)(*te)->UnregisterLocalMemory(buf->data());
   return 0;
 }
 

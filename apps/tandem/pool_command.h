@@ -5,9 +5,13 @@
 //                         waits (a standby) and takes over when that one's lease lapses;
 //   `tandem store`        a storage node: contributes DRAM to the pool without an engine.
 // Both run until SIGTERM/SIGINT.
+//   `tandem pool-bench`   measures fetches from the pool (GB/s, p50/p99 per batch): puts
+//                         objects (they land on other nodes' segments: this client mounts
+//                         none), then reads them back in batches with GetPrefix for a while.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 
 namespace tandem::app {
@@ -34,5 +38,19 @@ struct StoreFlags {
 };
 CLI::App* AddStoreCommand(CLI::App& app, StoreFlags& flags);
 int RunStore(const StoreFlags& flags);
+
+struct PoolBenchFlags {
+  std::string metadata;
+  std::string host = "127.0.0.1";
+  std::string transfer_protocols = "shm,tcp";
+  uint64_t block_bytes = 368640;  // one SmolLM2-135M KV block of 16 tokens (f16)
+  int batch = 32;                 // objects per GetPrefix
+  int objects = 256;              // distinct objects stored and cycled through
+  double duration_s = 3;
+  bool json = false;
+  std::string cluster_token_file;
+};
+CLI::App* AddPoolBenchCommand(CLI::App& app, PoolBenchFlags& flags);
+int RunPoolBench(const PoolBenchFlags& flags);
 
 }  // namespace tandem::app

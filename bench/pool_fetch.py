@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""KV pool fetch throughput against the transfer engine's own: `tandem pool-bench` (lookups of
+whole batches through the pool master, the bytes read from a `tandem store` process, every
+block's checksum verified) against `tandem transfer-bench --operation read` at the same block
+and batch size, in the same topology. Each round runs every configuration once; the table
+shows medians in GB/s (1e9) and the ratio pool / transfer engine.
+
+Topologies:
+  host        the store and the reader on one host: shared memory (shm) and TCP over loopback
+  namespaces  the store in another network namespace (another "host" behind a veth pair): TCP;
+              needs root and `ip` (skipped otherwise)
+
+    python3 bench/pool_fetch.py --rounds 3 --out bench/out/pool_fetch
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+NS_A, NS_B = f"tandem-pa-{os.getpid()}", f"tandem-pb-{os.getpid()}"
+ADDR_A, ADDR_B = "10.232.0.1", "10.232.0.2"
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """etcd + `tandem pool-master` (+ `tandem store`) in `ns_reader` / `ns_store` (None: here)."""
+
+    def __init__(self, args, tmp, ns_reader=None, ns_store=None, host_reader="127.0.0.1",
+                 host_store="127.0.0.1"):
+        self.args, self.tmp, self.procs = args, tmp, []
+        self.ns_reader, self.ns_store = ns_reader, ns_store
+        self.host_reader, self.host_store = host_reader, host_store
+        port, peer = free_port(), free_port()
+        self.etcd = f"etcd://{host_reader}:{port}"
+        self.start("etcd", ns_reader, ["etcd", "--data-dir", os.path.join(tmp, f"etcd-{port}"),
+                                       "--listen-client-urls", f"http://{host_reader}:{port}",
+                                       "--advertise-client-urls", f"http://{host_reader}:{port}",
+                                       "--listen-peer-urls", f"http://{host_reader}:{peer}",
+                                       "--initial-advertise-peer-urls", f"http://{host_reader}:{peer}",
+                                       "--initial-cluster", f"default=http://{host_reader}:{peer}"])
+        time.sleep(1.5)
+        self.start("master", ns_reader, [args.tandem, "pool-master", "--metadata", self.etcd,
+                                         "--host", host_reader, "--journal", "off",
+                                         "--hot-gets", "0"])
+
+    def wrap(self, ns, cmd):
+        return ["ip", "netns", "exec", ns] + cmd if ns else cmd
+
+    def start(self, name, ns, cmd):
+        logf = open(os.path.join(self.tmp, f"{name}.log"), "a")
+        p = subprocess.Popen(self.wrap(ns, cmd), stdout=logf, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def start_store(self, mb):
+        return self.start("store", self.ns_store,
+                          [self.args.tandem, "store", "--metadata", self.etcd, "--name", "bench-store",
+                           "--host", self.host_store, "--dram-mb", str(mb)])
+
+    def run(self, ns, cmd, timeout):
+        out = subprocess.run(self.wrap(ns, cmd), capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            log(f"FAILED {' '.join(cmd)}: {out.stderr[-600:]}")
+            return None
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def pool_run(args, cluster, protocols):
+    time.sleep(1.0)  # the store's segment mounted
+    return cluster.run(cluster.ns_reader,
+                       [args.tandem, "pool-bench", "--metadata", cluster.etcd, "--host",
+                        cluster.host_reader, "--transfer-protocols", protocols,
+                        "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
+                        "--objects", str(args.objects), "--duration", str(args.duration), "--json"],
+                       timeout=args.duration + 120)
+
+
+def engine_loopback(args, protocol):
+    cmd = [args.tandem, "transfer-bench", "--protocol", protocol, "--operation", "read",
+           "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
+           "--duration", str(args.duration), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 120)
+    if out.returncode != 0:
+        log(f"FAILED {' '.join(cmd)}: {out.stderr[-600:]}")
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def engine_across(args, cluster):
+    """transfer-bench initiator (reader's namespace) against a target in the store's."""
+    segment = f"bench-target-{os.getpid()}"
+    buf = str(args.block_size * args.batch_size)
+    target = cluster.start("target", cluster.ns_store,
+                           [args.tandem, "transfer-bench", "--mode", "target", "--protocol", "tcp",
+                            "--metadata", cluster.etcd, "--segment", segment, "--buffer-size", buf,
+                            "--listen-host", cluster.host_store, "--lifetime",
+                            str(args.duration + 60)])
+    time.sleep(1.5)
+    try:
+        return cluster.run(cluster.ns_reader,
+                           [args.tandem, "transfer-bench", "--protocol", "tcp", "--operation", "read",
+                            "--metadata", cluster.etcd, "--segment", segment, "--buffer-size", buf,
+                            "--block-size", str(args.block_size), "--batch-size",
+                            str(args.batch_size), "--duration", str(args.duration), "--json"],
+                           timeout=args.duration + 120)
+    finally:
+        target.terminate()
+        target.wait()
+
+
+def make_namespaces():
+    def sh(*a):
+        subprocess.run(a, check=True, capture_output=True)
+    sh("ip", "netns", "add", NS_A)
+    sh("ip", "netns", "add", NS_B)
+    sh("ip", "link", "add", "veth-pa", "netns", NS_A, "type", "veth", "peer", "name", "veth-pb",
+       "netns", NS_B)
+    for ns, dev, addr in ((NS_A, "veth-pa", ADDR_A), (NS_B, "veth-pb", ADDR_B)):
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", dev)
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+
+def drop_namespaces():
+    for ns in (NS_A, NS_B):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--block-size", type=int, default=368640,
+                    help="bytes per object (default: one SmolLM2-135M KV block of 16 tokens)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--objects", type=int, default=256)
+    ap.add_argument("--topologies", default="host,namespaces")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "pool_fetch"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    store_mb = max(64, args.block_size * args.objects * 2 // (1 << 20))
+    topologies = args.topologies.split(",")
+    can_ns = os.geteuid() == 0 and shutil.which("ip")
+    if "namespaces" in topologies and not can_ns:
+        log("namespaces: skipped (needs root and ip)")
+        topologies.remove("namespaces")
+    results = {}  # config -> [(pool gbps, engine gbps)]
+    for rnd in range(args.rounds):
+        tmp = tempfile.mkdtemp(prefix="tandem-pool-fetch-", dir=args.out)
+        if "host" in topologies:
+            cluster = Cluster(args, tmp)
+            try:
+                cluster.start_store(store_mb)
+                for name, protocols, engine_protocol in (("host shm", "shm,tcp", "shm"),
+                                                         ("host tcp", "tcp", "tcp")):
+                    pool = pool_run(args, cluster, protocols)
+                    engine = engine_loopback(args, engine_protocol)
+                    log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
+                        f"engine {engine and engine['gbps']} GB/s")
+                    if pool and engine:
+                        results.setdefault(name, []).append((pool, engine))
+            finally:
+                cluster.stop()
+        if "namespaces" in topologies:
+            make_namespaces()
+            try:
+                cluster = Cluster(args, tmp, NS_A, NS_B, ADDR_A, ADDR_B)
+                try:
+                    cluster.start_store(store_mb)
+                    pool = pool_run(args, cluster, "tcp")
+                    engine = engine_across(args, cluster)
+                    log(f"round {rnd + 1} namespaces tcp: pool {pool and pool['gbps']} GB/s, "
+                        f"engine {engine and engine['gbps']} GB/s")
+                    if pool and engine:
+                        results.setdefault("namespaces tcp", []).append((pool, engine))
+                finally:
+                    cluster.stop()
+            finally:
+                drop_namespaces()
+    lines = [f"| topology | pool GB/s | pool p50 batch us | transfer engine GB/s | pool / engine | "
+             f"rounds |", "|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        pool = statistics.median(p["gbps"] for p, _ in runs)
+        p50 = statistics.median(p["p50_us"] for p, _ in runs)
+        engine = statistics.median(e["gbps"] for _, e in runs)
+        ratio = statistics.median(p["gbps"] / e["gbps"] for p, e in runs)
+        lines.append(f"| {name} | {pool:.2f} | {p50:.0f} | {engine:.2f} | {ratio:.2f}x | {len(runs)} |")
+    table = "\n".join(lines)
+    print(f"Block {args.block_size} B, batch {args.batch_size}, {args.duration:g} s per run, "
+          f"medians of {args.rounds} round(s):\n\n{table}")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({name: runs for name, runs in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
