@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """KV pool fetch throughput against the transfer engine's own: `tandem pool-bench` (lookups of
-whole batches through the pool master, the bytes read from a `tandem store` process, every
-block's checksum verified) against `tandem transfer-bench --operation read` at the same block
-and batch size, in the same topology. Each round runs every configuration once; the table
+whole batches through the pool master, the bytes read from a `tandem store` process) against
+`tandem transfer-bench --operation read` at the same block and batch size, in the same topology,
+over the same working set (a batch of distinct blocks read again and again). Each round runs every configuration once; the table
 shows medians in GB/s (1e9) and the ratio pool / transfer engine.
 
 Topologies:
@@ -92,19 +92,19 @@ class Cluster:
                     p.wait()
 
 
-def pool_run(args, cluster, protocols):
-    time.sleep(1.0)  # the store's segment mounted
+def pool_run(args, cluster, protocols, batch):
+    time.sleep(2.0)  # the store's segment mounted
     return cluster.run(cluster.ns_reader,
                        [args.tandem, "pool-bench", "--metadata", cluster.etcd, "--host",
                         cluster.host_reader, "--transfer-protocols", protocols,
-                        "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
-                        "--objects", str(args.objects), "--duration", str(args.duration), "--json"],
+                        "--block-size", str(args.block_size), "--batch-size", str(batch),
+                        "--objects", str(batch), "--duration", str(args.duration), "--json"],
                        timeout=args.duration + 120)
 
 
-def engine_loopback(args, protocol):
+def engine_loopback(args, protocol, batch):
     cmd = [args.tandem, "transfer-bench", "--protocol", protocol, "--operation", "read",
-           "--block-size", str(args.block_size), "--batch-size", str(args.batch_size),
+           "--block-size", str(args.block_size), "--batch-size", str(batch),
            "--duration", str(args.duration), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 120)
     if out.returncode != 0:
@@ -113,10 +113,10 @@ def engine_loopback(args, protocol):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def engine_across(args, cluster):
+def engine_across(args, cluster, batch):
     """transfer-bench initiator (reader's namespace) against a target in the store's."""
-    segment = f"bench-target-{os.getpid()}"
-    buf = str(args.block_size * args.batch_size)
+    segment = f"bench-target-{os.getpid()}-{batch}"
+    buf = str(args.block_size * batch)
     target = cluster.start("target", cluster.ns_store,
                            [args.tandem, "transfer-bench", "--mode", "target", "--protocol", "tcp",
                             "--metadata", cluster.etcd, "--segment", segment, "--buffer-size", buf,
@@ -128,7 +128,7 @@ def engine_across(args, cluster):
                            [args.tandem, "transfer-bench", "--protocol", "tcp", "--operation", "read",
                             "--metadata", cluster.etcd, "--segment", segment, "--buffer-size", buf,
                             "--block-size", str(args.block_size), "--batch-size",
-                            str(args.batch_size), "--duration", str(args.duration), "--json"],
+                            str(batch), "--duration", str(args.duration), "--json"],
                            timeout=args.duration + 120)
     finally:
         target.terminate()
@@ -160,13 +160,14 @@ def main():
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--block-size", type=int, default=368640,
                     help="bytes per object (default: one SmolLM2-135M KV block of 16 tokens)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--objects", type=int, default=256)
+    ap.add_argument("--batch-sizes", default="32,128",
+                    help="blocks per lookup (a 2k-token prompt of SmolLM2 is 128 blocks)")
     ap.add_argument("--topologies", default="host,namespaces")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "pool_fetch"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    store_mb = max(64, args.block_size * args.objects * 2 // (1 << 20))
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    store_mb = max(64, args.block_size * max(batches) * 4 // (1 << 20))
     topologies = args.topologies.split(",")
     can_ns = os.geteuid() == 0 and shutil.which("ip")
     if "namespaces" in topologies and not can_ns:
@@ -179,14 +180,16 @@ def main():
             cluster = Cluster(args, tmp)
             try:
                 cluster.start_store(store_mb)
-                for name, protocols, engine_protocol in (("host shm", "shm,tcp", "shm"),
-                                                         ("host tcp", "tcp", "tcp")):
-                    pool = pool_run(args, cluster, protocols)
-                    engine = engine_loopback(args, engine_protocol)
-                    log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
-                        f"engine {engine and engine['gbps']} GB/s")
-                    if pool and engine:
-                        results.setdefault(name, []).append((pool, engine))
+                for batch in batches:
+                    for topo, protocols, engine_protocol in (("host shm", "shm,tcp", "shm"),
+                                                             ("host tcp", "tcp", "tcp")):
+                        name = f"{topo}, batch {batch}"
+                        pool = pool_run(args, cluster, protocols, batch)
+                        engine = engine_loopback(args, engine_protocol, batch)
+                        log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
+                            f"engine {engine and engine['gbps']} GB/s")
+                        if pool and engine:
+                            results.setdefault(name, []).append((pool, engine))
             finally:
                 cluster.stop()
         if "namespaces" in topologies:
@@ -195,26 +198,30 @@ def main():
                 cluster = Cluster(args, tmp, NS_A, NS_B, ADDR_A, ADDR_B)
                 try:
                     cluster.start_store(store_mb)
-                    pool = pool_run(args, cluster, "tcp")
-                    engine = engine_across(args, cluster)
-                    log(f"round {rnd + 1} namespaces tcp: pool {pool and pool['gbps']} GB/s, "
-                        f"engine {engine and engine['gbps']} GB/s")
-                    if pool and engine:
-                        results.setdefault("namespaces tcp", []).append((pool, engine))
+                    for batch in batches:
+                        name = f"namespaces tcp, batch {batch}"
+                        pool = pool_run(args, cluster, "tcp", batch)
+                        engine = engine_across(args, cluster, batch)
+                        log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
+                            f"engine {engine and engine['gbps']} GB/s")
+                        if pool and engine:
+                            results.setdefault(name, []).append((pool, engine))
                 finally:
                     cluster.stop()
             finally:
                 drop_namespaces()
-    lines = [f"| topology | pool GB/s | pool p50 batch us | transfer engine GB/s | pool / engine | "
-             f"rounds |", "|---|---|---|---|---|---|"]
+    lines = ["| topology, blocks per lookup | pool GB/s | pool p50 lookup us | of which reads us | "
+             "transfer engine GB/s | pool / engine | rounds |", "|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         pool = statistics.median(p["gbps"] for p, _ in runs)
         p50 = statistics.median(p["p50_us"] for p, _ in runs)
+        reads = statistics.median(p["read_mean_us"] for p, _ in runs)
         engine = statistics.median(e["gbps"] for _, e in runs)
         ratio = statistics.median(p["gbps"] / e["gbps"] for p, e in runs)
-        lines.append(f"| {name} | {pool:.2f} | {p50:.0f} | {engine:.2f} | {ratio:.2f}x | {len(runs)} |")
+        lines.append(f"| {name} | {pool:.2f} | {p50:.0f} | {reads:.0f} | {engine:.2f} | "
+                     f"{ratio:.2f}x | {len(runs)} |")
     table = "\n".join(lines)
-    print(f"Block {args.block_size} B, batch {args.batch_size}, {args.duration:g} s per run, "
+    print(f"Block {args.block_size} B, {args.duration:g} s per run, "
           f"medians of {args.rounds} round(s):\n\n{table}")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({name: runs for name, runs in results.items()}, f, indent=1)

@@ -231,6 +231,9 @@ int RunTarget(const TransferBenchOptions& f, const Plan& p, transfer::Protocol p
   if (!engine.ok()) return Fail(engine.status().ToString());
   auto segment = (*engine)->AllocateSegment(f.segment, p.buffer);
   if (!segment.ok()) return Fail(segment.status().ToString());
+  // Written once, so that reads copy real pages (a never-written memfd page reads as the shared
+  // zero page, which stays in cache and flatters read throughput).
+  std::memset(*segment, 0xa5, p.buffer);
   std::printf("READY %s %llu\n", f.segment.c_str(), static_cast<unsigned long long>(p.buffer));
   std::fflush(stdout);
   const auto until = f.lifetime_s > 0

@@ -226,7 +226,7 @@ std::vector<FoundObject> MasterState::GetPrefix(const std::vector<std::string>& 
     Object& o = it->second;
     o.lease_deadline = std::max(o.lease_deadline, std::max(now, lease_deadline));
     lru_.splice(lru_.begin(), lru_, o.lru_pos);
-    FoundObject found{o.checksum, o.replicas, Location{}};
+    FoundObject found{o.checksum, o.restored, o.replicas, Location{}};
     ++o.gets;
     if (options_.hot_gets > 0 && o.gets >= options_.hot_gets && o.pending_replica.size == 0 &&
         static_cast<int>(o.replicas.size()) < options_.max_replicas &&
@@ -381,6 +381,7 @@ int MasterState::Restore(const std::vector<SegmentRecord>& segments,
     Object o;
     o.size = r.size;
     o.checksum = r.checksum;
+    o.restored = true;
     for (const Location& l : r.replicas) {
       auto seg = segments_.find(l.segment);
       if (l.size != r.size || seg == segments_.end() || seg->second.node != l.node) continue;

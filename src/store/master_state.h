@@ -9,7 +9,8 @@
 //             visible yet. The writer then writes the bytes itself (the master is off the data
 //             path) and calls
 //   PutEnd    ok: the object becomes visible with the checksum of its bytes (XXH3-64, which
-//             every reader verifies); not ok: the space is freed. A writer that never calls it
+//             readers verify where the master cannot vouch for the bytes: FoundObject::verify);
+//             not ok: the space is freed. A writer that never calls it
 //             (it died) loses the reservation at its deadline: nothing visible is left.
 //   GetPrefix returns the longest prefix of a key list that is visible, with every replica's
 //             location, and leases those objects to the reader until a deadline. An object read
@@ -68,7 +69,12 @@ struct MasterOptions {
 
 // A visible object as GetPrefix returns it.
 struct FoundObject {
-  uint64_t checksum = 0;           // XXH3-64 of its bytes
+  uint64_t checksum = 0;  // XXH3-64 of its bytes
+  // Whether the reader must verify the checksum: the master vouches for the bytes of objects
+  // committed in its own lifetime (their space was never given to anyone else while they were
+  // visible, and segment names change with every incarnation of their owner), not for objects
+  // restored from a journal (the record may be stale).
+  bool verify = false;
   std::vector<Location> replicas;  // at least one
   // Hot-prefix replication: a reserved location (size == 0: none) to which the reader copies
   // the bytes it read, then reports with ReplicaEnd.
@@ -198,6 +204,7 @@ class MasterState {
     Location pending_replica;            // size 0: none; reserved for a hot copy
     Clock::time_point pending_deadline;  // the pending replica is freed then
     int gets = 0;                        // since its last new replica
+    bool restored = false;               // from a journal: readers verify its bytes
     bool visible = false;
     bool remove_pending = false;
     Clock::time_point write_deadline;          // !visible

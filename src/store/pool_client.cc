@@ -1,6 +1,5 @@
 // PoolClient: master calls over HTTP, data over the transfer engine, a heartbeat for mounts.
 #include <httplib.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +13,7 @@
 #include "common/json_numbers.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "store/checksum_internal.h"
 #include "store/pool.h"
 #include "store/pool_protocol_internal.h"
 #include "store/ssd_tier.h"
@@ -187,7 +187,7 @@ class PoolClientImpl final : public PoolClient {
       if (targets[i].empty()) continue;
       written_keys.push_back(keys[i]);
       ok.push_back(landed[i]);
-      checksums.push_back(landed[i] ? XXH3_64bits(srcs[i], size) : 0);
+      checksums.push_back(landed[i] ? internal::ObjectChecksum(srcs[i], size) : 0);
       landed[i] ? ++stored : ++failed;
     }
     if (!written_keys.empty()) {
@@ -295,7 +295,9 @@ class PoolClientImpl final : public PoolClient {
         const size_t i = todo[t];
         // Read, and the bytes are the ones committed (not a stale record's, not a restarted
         // owner's fresh memory).
-        const bool intact = ok[t] && XXH3_64bits(dests[i], size) == prefix.objects[i].checksum;
+        const bool intact =
+            ok[t] && (!prefix.objects[i].verify ||
+                      internal::ObjectChecksum(dests[i], size) == prefix.objects[i].checksum);
         if (ok[t] && !intact) ++corrupt;
         if (intact) {
           done[i] = true;
@@ -363,15 +365,26 @@ class PoolClientImpl final : public PoolClient {
     MutexLock lock(&mu_);
     ++stats_.master_unavailable;
     no_master_until_ = Clock::now() + options_.master_retry;
+    published_master_.clear();  // looked up again: a new master may be published
   }
 
-  // The master's address: the configured one, or the one published in the metadata service.
+  // The master's address: the configured one, or the one published in the metadata service
+  // (remembered until a call to it fails).
   StatusOr<std::pair<std::string, int>> Master() {
     if (!options_.master_uri.empty()) return ParseHttpUri(options_.master_uri);
     if (!options_.metadata) return FailedPrecondition("no pool master and no metadata service");
+    {
+      MutexLock lock(&mu_);
+      if (!published_master_.empty()) return ParseHttpUri(published_master_);
+    }
     auto uri = options_.metadata->Get(kMasterKey);
     if (!uri.ok()) return Unavailable("no pool master published: " + uri.status().message());
-    return ParseHttpUri(*uri);
+    auto parsed = ParseHttpUri(*uri);
+    if (parsed.ok()) {
+      MutexLock lock(&mu_);
+      published_master_ = *uri;
+    }
+    return parsed;
   }
 
   StatusOr<json> Call(const std::string& path, const json& body, Clock::time_point deadline) {
@@ -403,6 +416,10 @@ class PoolClientImpl final : public PoolClient {
     json reply = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
     if (!JsonFloatsBounded(reply)) reply = json(json::value_t::discarded);
     if (res->status != 200) {
+      if (res->status == 404 || res->status >= 500) {  // not (or no longer) a working master
+        MutexLock lock(&mu_);
+        published_master_.clear();
+      }
       const std::string why =
           reply.is_object() && reply.contains("error") && reply["error"].is_string()
               ? reply["error"].get<std::string>()
@@ -519,6 +536,7 @@ class PoolClientImpl final : public PoolClient {
   std::map<std::string, transfer::SegmentHandle> handles_ TANDEM_GUARDED_BY(mu_);
   PoolClientStats stats_ TANDEM_GUARDED_BY(mu_);
   Clock::time_point no_master_until_ TANDEM_GUARDED_BY(mu_){};
+  std::string published_master_ TANDEM_GUARDED_BY(mu_);  // empty: look it up
   std::thread heartbeat_;  // HeartbeatLoop, started by the first MountDram
 };
 

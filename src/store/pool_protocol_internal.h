@@ -33,9 +33,10 @@ inline std::vector<Location> LocationsFromJson(const nlohmann::json& j) {
   return out;
 }
 
-// A FoundObject: {checksum, replicas, replicate_to?}.
+// A FoundObject: {checksum, verify, replicas, replicate_to?}.
 inline nlohmann::json FoundToJson(const FoundObject& f) {
-  nlohmann::json out{{"checksum", f.checksum}, {"replicas", LocationsToJson(f.replicas)}};
+  nlohmann::json out{
+      {"checksum", f.checksum}, {"verify", f.verify}, {"replicas", LocationsToJson(f.replicas)}};
   if (f.replicate_to.size > 0) out["replicate_to"] = LocationsToJson({f.replicate_to})[0];
   return out;
 }
@@ -43,6 +44,7 @@ inline nlohmann::json FoundToJson(const FoundObject& f) {
 inline FoundObject FoundFromJson(const nlohmann::json& j) {
   FoundObject f;
   f.checksum = j.at("checksum").get<uint64_t>();
+  f.verify = j.value("verify", true);  // absent: verify
   f.replicas = LocationsFromJson(j.at("replicas"));
   if (j.contains("replicate_to")) {
     f.replicate_to = LocationsFromJson(nlohmann::json::array({j.at("replicate_to")}))[0];

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -17,6 +16,7 @@
 
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "store/checksum_internal.h"
 
 namespace tandem::store {
 namespace {
@@ -52,7 +52,7 @@ bool DecodeHeader(const uint8_t in[kHeaderBytes], Header* h) {
 std::string FileName(const std::string& key) {
   char name[24];
   std::snprintf(name, sizeof(name), "%016llx.kv",
-                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+                static_cast<unsigned long long>(internal::ObjectChecksum(key.data(), key.size())));
   return name;
 }
 
@@ -165,7 +165,7 @@ class SsdTierImpl final : public SsdTier {
                h.key_bytes == key.size() && h.size == size &&
                ReadAll(fd.fd, stored_key.data(), key.size(), kHeaderBytes) && stored_key == key &&
                ReadAll(fd.fd, dest, size, kHeaderBytes + key.size()) &&
-               XXH3_64bits(dest, size) == h.checksum;
+               internal::ObjectChecksum(dest, size) == h.checksum;
     }
     MutexLock lock(&mu_);
     if (intact) {
@@ -307,7 +307,7 @@ class SsdTierImpl final : public SsdTier {
     Header h;
     h.key_bytes = static_cast<uint32_t>(p.key.size());
     h.size = p.bytes.size();
-    h.checksum = XXH3_64bits(p.bytes.data(), p.bytes.size());
+    h.checksum = internal::ObjectChecksum(p.bytes.data(), p.bytes.size());
     uint8_t raw[kHeaderBytes];
     EncodeHeader(h, raw);
     bool ok = false;
