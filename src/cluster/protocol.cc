@@ -245,6 +245,7 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
 
 std::string WorkerStats::ToJson() const {
   const json p = {{"enabled", pool_enabled},
+                  {"namespace", pool_namespace},
                   {"get_calls", pool.get_calls},
                   {"hit_objects", pool.hit_objects},
                   {"miss_calls", pool.miss_calls},
@@ -289,6 +290,7 @@ StatusOr<WorkerStats> WorkerStats::FromJson(const std::string& text) {
     if (j.contains("pool")) {
       const json& p = j.at("pool");
       s.pool_enabled = p.value("enabled", false);
+      s.pool_namespace = p.value("namespace", std::string());
       s.pool.get_calls = p.value("get_calls", uint64_t{0});
       s.pool.hit_objects = p.value("hit_objects", uint64_t{0});
       s.pool.miss_calls = p.value("miss_calls", uint64_t{0});

@@ -64,6 +64,7 @@ struct WorkerInfo {
 struct WorkerStats {
   serving::BackendStats backend;
   bool pool_enabled = false;       // the worker uses the cluster KV pool (store/pool.h)
+  std::string pool_namespace;      // its objects' namespace (store::PoolNamespace)
   store::PoolClientStats pool;     // its client's counters
   uint64_t kv_bytes_pushed = 0;    // prefill side: KV written to decode workers
   uint64_t transfer_failures = 0;  // batches that failed

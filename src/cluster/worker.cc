@@ -269,6 +269,7 @@ class WorkerImpl final : public Worker {
     auto bridge = std::make_shared<PoolBridge>(
         pool_.get(), &kv, std::filesystem::path(o.engine.model_path).filename().string(),
         std::chrono::milliseconds(2000), std::chrono::milliseconds(2000));
+    pool_namespace_ = bridge->ns();
     log_->info("KV pool: namespace {}, {:.0f} MiB of DRAM contributed{}", bridge->ns(),
                o.pool_dram_bytes / 1048576.0,
                o.pool_ssd_dir.empty() ? std::string()
@@ -302,6 +303,7 @@ class WorkerImpl final : public Worker {
       s.cached_block_keys = backend_->CachedBlockKeys();
       if (pool_) {
         s.pool_enabled = true;
+        s.pool_namespace = pool_namespace_;
         s.pool = pool_->Stats();
       }
       res.set_content(s.ToJson(), "application/json");
@@ -642,6 +644,7 @@ class WorkerImpl final : public Worker {
   std::string segment_name_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<store::PoolClient> pool_;  // outlives backend_, whose loop calls it
+  std::string pool_namespace_;               // set with pool_, before the server starts
   std::unique_ptr<serving::LocalBackend> backend_;
   WorkerInfo info_;
   httplib::Server http_;

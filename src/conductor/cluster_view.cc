@@ -174,6 +174,13 @@ std::vector<WorkerSnapshot> ClusterView::Snapshot(const RequestLoad& r, Clock::t
       size_t hit = 0;
       while (hit < max_blocks && held(r.keys[hit])) ++hit;
       s.cached_prompt_tokens = static_cast<int>(hit) * s.block_tokens;
+      // A prefill worker that uses the KV pool fetches what the pool holds beyond its own
+      // cache (at memory speed: the fetch is left out of the prediction).
+      if (s.role == WorkerRole::kPrefill && w.stats.pool_enabled) {
+        const int pool =
+            std::min(r.pool_prompt_tokens, static_cast<int>(max_blocks) * s.block_tokens);
+        s.cached_prompt_tokens = std::max(s.cached_prompt_tokens, pool);
+      }
     }
     s.prefill_queue_s = QueueSeconds(w, now, r.seq);
     for (const auto& [seq, d] : w.decodes) {

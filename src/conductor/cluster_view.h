@@ -39,6 +39,7 @@ struct RequestLoad {
   int max_tokens = 0;
   std::vector<uint64_t> keys;  // block keys of the prompt (block_tokens of the workers)
   int block_tokens = 0;        // of `keys`
+  int pool_prompt_tokens = 0;  // prefix tokens the cluster KV pool held at arrival
 };
 
 class ClusterView {

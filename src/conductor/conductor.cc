@@ -15,6 +15,7 @@
 #include "conductor/metrics.h"
 #include "conductor/worker_client.h"
 #include "serving/block_keys.h"
+#include "store/pool.h"
 
 namespace tandem::conductor {
 namespace {
@@ -67,6 +68,12 @@ class ConductorImpl final : public Conductor {
  public:
   explicit ConductorImpl(ConductorOptions o)
       : options_(std::move(o)), log_(GetLogger("conductor")), rng_(options_.random_seed) {
+    if (options_.pool_aware) {
+      store::PoolDirectoryOptions po;
+      po.metadata = options_.metadata;
+      auto dir = store::PoolDirectory::Create(po);
+      if (dir.ok()) pool_directory_ = std::move(*dir);
+    }
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   }
 
@@ -99,7 +106,9 @@ class ConductorImpl final : public Conductor {
     run->load.max_tokens = request.max_tokens;
     run->r = std::move(request);
     run->sink = std::move(sink);
+    const int pool_tokens = PoolHeldTokens(run->r.prompt_tokens);  // outside the lock: a call
     MutexLock lock(&mu_);
+    run->load.pool_prompt_tokens = pool_tokens;
     if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
     if (active_ >= options_.max_inflight) {
       metrics_.Reject("inflight_limit");
@@ -263,6 +272,38 @@ class ConductorImpl final : public Conductor {
 
  private:
   // ---- placement ----
+
+  // Prompt tokens (whole blocks, leaving one to compute) whose KV the cluster pool holds, asked
+  // of its master; 0 without a pool, a master or an answer in time (counted).
+  int PoolHeldTokens(const std::vector<int32_t>& prompt) TANDEM_EXCLUDES(mu_) {
+    if (!options_.pool_aware || !pool_directory_ || prompt.size() < 2) return 0;
+    std::string ns;
+    int bt = 0;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [name, w] : view_.workers()) {
+        if (w.healthy && w.stats.pool_enabled && !w.stats.pool_namespace.empty() &&
+            w.info.role == cluster::Role::kPrefill && w.info.block_tokens > 0) {
+          ns = w.stats.pool_namespace;
+          bt = w.info.block_tokens;
+          break;
+        }
+      }
+    }
+    if (ns.empty()) return 0;
+    const std::vector<uint64_t> keys = serving::BlockKeys(prompt, bt);
+    const size_t usable = std::min(keys.size(), (prompt.size() - 1) / static_cast<size_t>(bt));
+    std::vector<std::string> objects;
+    for (size_t i = 0; i < usable; ++i) objects.push_back(store::ObjectKey(ns, keys[i]));
+    auto held = pool_directory_->HeldPrefix(objects, Clock::now() + std::chrono::milliseconds(100));
+    metrics_.pool_lookups.fetch_add(1);
+    if (!held.ok()) {
+      metrics_.pool_lookup_failures.fetch_add(1);
+      return 0;
+    }
+    metrics_.pool_predicted_tokens.fetch_add(int64_t{*held} * bt);
+    return *held * bt;
+  }
 
   // The prompt's block keys for the workers' block size (all workers of a cluster agree).
   void KeysFor(RequestRun* run) TANDEM_REQUIRES(mu_) {
@@ -914,7 +955,8 @@ class ConductorImpl final : public Conductor {
   bool stop_ TANDEM_GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_all_{false};
   std::atomic<double> retry_after_s_{1.0};
-  ConductorMetrics metrics_;                                        // thread-safe
+  ConductorMetrics metrics_;                              // thread-safe
+  std::unique_ptr<store::PoolDirectory> pool_directory_;  // set at construction; thread-safe
   Clock::time_point last_role_change_ TANDEM_GUARDED_BY(mu_) = {};  // any worker's, by us
   // Requests that arrived since the planner's last decision, and those refused for an SLO.
   int64_t arrivals_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;

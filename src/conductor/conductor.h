@@ -60,6 +60,10 @@ struct ConductorOptions {
   bool elastic = false;
   PlannerOptions planner;
   std::chrono::milliseconds planner_interval{1000};
+  // Global cache-aware placement: before placing a request, ask the cluster KV pool's master how
+  // much of the prompt the pool holds (one call, bounded by 100 ms); a prefill worker that uses
+  // the pool is predicted to fetch that prefix instead of computing it.
+  bool pool_aware = true;
   // Adds metrics of parts that live beside the conductor (e.g. the embedded KV pool master) to
   // every Stats(); called without the conductor's lock. May be empty.
   std::function<void(serving::BackendStats*)> extra_metrics;

@@ -11,10 +11,12 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "serving/block_keys.h"
+#include "store/pool.h"
 #include "transfer/metadata.h"
 
 namespace tandem::conductor {
@@ -77,6 +79,8 @@ class FakeWorker {
       s.backend.kv_blocks_total = info_.kv_blocks;
       std::lock_guard<std::mutex> lock(mu_);
       s.cached_block_keys = cached_keys_;
+      s.pool_enabled = !pool_namespace_.empty();
+      s.pool_namespace = pool_namespace_;
       res.set_content(s.ToJson(), "application/json");
     });
     server_.Post("/v1/prefill", [this](const httplib::Request& req, httplib::Response& res) {
@@ -159,6 +163,10 @@ class FakeWorker {
     std::lock_guard<std::mutex> lock(mu_);
     cached_keys_ = std::move(keys);
   }
+  void UsePool(std::string ns) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_namespace_ = std::move(ns);
+  }
 
   std::atomic<int> prefills{0}, decodes{0}, locals{0}, cancels{0};
   std::atomic<bool> fail_prefill{false};
@@ -173,6 +181,43 @@ class FakeWorker {
   std::thread thread_;
   std::mutex mu_;
   std::vector<uint64_t> cached_keys_;
+  std::string pool_namespace_;  // empty: no KV pool
+};
+
+// A KV pool master that answers only /pool/exist: the first `held` keys are there. Published
+// in the metadata service as the real one is.
+class FakePoolMaster {
+ public:
+  FakePoolMaster(std::shared_ptr<transfer::MetadataStore> md, int held) : held_(held) {
+    server_.Post("/pool/exist", [this](const httplib::Request& req, httplib::Response& res) {
+      const auto body = nlohmann::json::parse(req.body);
+      std::vector<bool> exist;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& k : body.at("keys")) {
+        asked.push_back(k.get<std::string>());
+        exist.push_back(static_cast<int>(exist.size()) < held_);
+      }
+      res.set_content(nlohmann::json{{"exist", exist}}.dump(), "application/json");
+    });
+    const int port = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    EXPECT_TRUE(md->Put(store::kMasterKey, "http://127.0.0.1:" + std::to_string(port)).ok());
+  }
+  ~FakePoolMaster() {
+    server_.stop();
+    thread_.join();
+  }
+  std::vector<std::string> Asked() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return asked;
+  }
+
+ private:
+  const int held_;
+  httplib::Server server_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::string> asked;
 };
 
 class Sink : public serving::GenerationSink {
@@ -355,6 +400,48 @@ TEST_F(ConductorTest, DestroyingTheConductorEndsRequestsInFlight) {
     EXPECT_EQ(f.get().reason, serving::FinishReason::kCancelled);
     EXPECT_GT(s->tokens.size(), 0u);
   }
+}
+
+// Global cache-aware placement: neither prefill worker holds the prompt, but the KV pool holds
+// it and only prefill-1 reads the pool: prefill-1 is predicted to fetch instead of compute and
+// wins; without pool awareness the two tie and the first by name (prefill-0) would.
+TEST_F(ConductorTest, APrefillWorkerThatReadsThePoolIsPredictedToFetchWhatThePoolHolds) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker p1(md_, &board_, "prefill-1", Role::kPrefill);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  p1.UsePool("model:L2");
+  FakePoolMaster master(md_, /*held=*/1000);
+  auto c = Start({}, 2, 1);
+  for (auto until = Clock::now() + 5s; Clock::now() < until;) {
+    bool seen = false;
+    for (const auto& w : c->Workers()) seen |= w.stats.pool_enabled;
+    if (seen) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  auto req = Request("r1", 320, 3);
+  const auto keys = serving::BlockKeys(req.prompt_tokens, 16);
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(req, sink).ok());
+  EXPECT_EQ(sink->Wait().reason, serving::FinishReason::kLength);
+  EXPECT_EQ(p1.prefills.load(), 1);
+  EXPECT_EQ(p0.prefills.load(), 0);
+  // It asked for the prompt's whole blocks but the last token's, in the worker's namespace.
+  const auto asked = master.Asked();
+  ASSERT_EQ(asked.size(), 19u);  // (320 - 1) / 16
+  EXPECT_EQ(asked[0], store::ObjectKey("model:L2", keys[0]));
+  const auto stats = c->Stats();
+  EXPECT_EQ(Metric(stats, "tandem_conductor_pool_lookups_total"), 1);
+  EXPECT_EQ(Metric(stats, "tandem_conductor_pool_predicted_tokens_total"), 19 * 16);
+  EXPECT_EQ(Metric(stats, "tandem_conductor_pool_lookup_failures_total"), 0);
+
+  // pool_aware off: the tie goes to prefill-0.
+  ConductorOptions off;
+  off.pool_aware = false;
+  auto c2 = Start(off, 2, 1);
+  auto sink2 = std::make_shared<Sink>();
+  ASSERT_TRUE(c2->Submit(Request("r2", 320, 3), sink2).ok());
+  EXPECT_EQ(sink2->Wait().reason, serving::FinishReason::kLength);
+  EXPECT_EQ(p0.prefills.load(), 1);
 }
 
 }  // namespace

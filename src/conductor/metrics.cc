@@ -189,6 +189,16 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
           "Requests whose prompt the conductor chose to compute on the decode worker (conditional "
           "disaggregation: cheaper than prefill queue + transfer, within the TBT SLO).",
           double(local_prefills.load()));
+  counter("tandem_conductor_pool_lookups_total",
+          "Placements that asked the KV pool's master how much of the prompt it holds.",
+          double(pool_lookups.load()));
+  counter("tandem_conductor_pool_lookup_failures_total",
+          "KV pool lookups of the conductor that got no answer in time (placed as if empty).",
+          double(pool_lookup_failures.load()));
+  counter("tandem_conductor_pool_predicted_tokens_total",
+          "Prompt tokens the KV pool held when their requests were placed (a prefill worker "
+          "using the pool is predicted to fetch them, not compute them).",
+          double(pool_predicted_tokens.load()));
   counter("tandem_kv_wait_requests_total",
           "Admitted requests that waited because no decode worker had room for their KV.",
           double(kv_waits.load()));

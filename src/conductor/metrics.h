@@ -65,6 +65,9 @@ class ConductorMetrics {
   std::atomic<int64_t> fallbacks{0};
   std::atomic<int64_t> local_prefills{0};
   std::atomic<int64_t> kv_waits{0};
+  std::atomic<int64_t> pool_lookups{0};           // placements that asked the KV pool's master
+  std::atomic<int64_t> pool_lookup_failures{0};   // ... and got no answer in time
+  std::atomic<int64_t> pool_predicted_tokens{0};  // prompt tokens it said the pool holds
   std::atomic<int64_t> prefill_retries{0};
   std::atomic<int64_t> migrations{0};         // streams continued on another decode worker
   std::atomic<int64_t> failed_migrations{0};  // ... that could not be

@@ -141,4 +141,24 @@ class PoolClient {
   virtual PoolClientStats Stats() const = 0;
 };
 
+// The pool as a scheduler sees it: which prefix of a prompt's blocks the pool holds, asked of
+// the master (Exist; no data moves, no lease). The conductor uses it to predict what a prefill
+// worker will fetch instead of compute. Thread-safe.
+struct PoolDirectoryOptions {
+  std::string master_uri;  // empty: looked up under kMasterKey in `metadata`
+  std::shared_ptr<transfer::MetadataStore> metadata;
+  std::chrono::milliseconds rpc_timeout{100};    // on the request path: short
+  std::chrono::milliseconds master_retry{1000};  // after a failure, calls fail at once this long
+};
+
+class PoolDirectory {
+ public:
+  static StatusOr<std::unique_ptr<PoolDirectory>> Create(PoolDirectoryOptions options);
+  virtual ~PoolDirectory() = default;
+  // How many leading keys the pool holds (visible objects); Unavailable without a master.
+  virtual StatusOr<int> HeldPrefix(const std::vector<std::string>& keys,
+                                   Clock::time_point deadline) = 0;
+  virtual uint64_t master_unavailable() const = 0;  // calls that found no master
+};
+
 }  // namespace tandem::store

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "store/checksum_internal.h"
+#include "store/master_channel_internal.h"
 #include "store/pool.h"
 #include "store/pool_protocol_internal.h"
 #include "store/ssd_tier.h"
@@ -22,42 +23,18 @@
 
 namespace tandem::store {
 
-std::string PoolNamespace(const std::string& model, int n_layers, int n_kv_heads, int head_dim,
-                          int block_tokens, const std::string& dtype) {
-  return model + ":L" + std::to_string(n_layers) + ":H" + std::to_string(n_kv_heads) + "x" +
-         std::to_string(head_dim) + ":B" + std::to_string(block_tokens) + ":" + dtype;
-}
-
-std::string ObjectKey(const std::string& ns, uint64_t prefix_hash) {
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(prefix_hash));
-  return ns + "/" + hex;
-}
-
 namespace {
 
 using json = nlohmann::json;
 using std::chrono::milliseconds;
 
-// "http://host:port" -> host, port.
-StatusOr<std::pair<std::string, int>> ParseHttpUri(const std::string& uri) {
-  const std::string scheme = "http://";
-  if (uri.rfind(scheme, 0) != 0) return InvalidArgument("pool master '" + uri + "' is not http://");
-  const std::string rest = uri.substr(scheme.size());
-  const size_t colon = rest.rfind(':');
-  if (colon == std::string::npos) return InvalidArgument("pool master '" + uri + "' has no port");
-  int port = 0;
-  try {
-    port = std::stoi(rest.substr(colon + 1));
-  } catch (const std::exception&) {
-    return InvalidArgument("pool master '" + uri + "' has a bad port");
-  }
-  return std::make_pair(rest.substr(0, colon), port);
-}
-
 class PoolClientImpl final : public PoolClient {
  public:
-  explicit PoolClientImpl(PoolClientOptions o) : options_(std::move(o)), log_(GetLogger("pool")) {}
+  explicit PoolClientImpl(PoolClientOptions o)
+      : options_(std::move(o)),
+        log_(GetLogger("pool")),
+        channel_(options_.master_uri, options_.metadata, options_.rpc_timeout,
+                 options_.master_retry) {}
 
   ~PoolClientImpl() override {
     {
@@ -73,7 +50,8 @@ class PoolClientImpl final : public PoolClient {
       for (const auto& [name, bytes] : mounts_) mounted.push_back(name);
     }
     for (const std::string& name : mounted) {
-      (void)Call("/pool/unmount", {{"segment", name}}, deadline);  // best effort: leases end it
+      (void)channel_.Call("/pool/unmount", {{"segment", name}},
+                          deadline);  // best effort: leases end it
       (void)options_.engine->UnregisterSegment(name);
     }
     MutexLock lock(&mu_);
@@ -132,13 +110,14 @@ class PoolClientImpl final : public PoolClient {
       for (size_t i = 0; i < keys.size(); ++i) (void)ssd_->Offer(keys[i], srcs[i], size);
     }
     const auto ttl = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    TANDEM_ASSIGN_OR_RETURN(json reply, Call("/pool/put_start",
-                                             {{"keys", keys},
-                                              {"size", size},
-                                              {"replicas", options_.replicas},
-                                              {"node", options_.node},
-                                              {"ttl_ms", std::max<int64_t>(1, ttl.count())}},
-                                             deadline));
+    TANDEM_ASSIGN_OR_RETURN(json reply,
+                            channel_.Call("/pool/put_start",
+                                          {{"keys", keys},
+                                           {"size", size},
+                                           {"replicas", options_.replicas},
+                                           {"node", options_.node},
+                                           {"ttl_ms", std::max<int64_t>(1, ttl.count())}},
+                                          deadline));
     std::vector<std::vector<Location>> targets(keys.size());
     uint64_t existing = 0, no_space = 0;
     try {
@@ -192,8 +171,8 @@ class PoolClientImpl final : public PoolClient {
     }
     if (!written_keys.empty()) {
       // If this call fails the reservations lapse at their deadline: nothing half-written shows.
-      (void)Call("/pool/put_end", {{"keys", written_keys}, {"ok", ok}, {"checksums", checksums}},
-                 deadline);
+      (void)channel_.Call("/pool/put_end",
+                          {{"keys", written_keys}, {"ok", ok}, {"checksums", checksums}}, deadline);
     }
     Count([&](PoolClientStats& s) {
       s.put_objects += stored;
@@ -207,7 +186,7 @@ class PoolClientImpl final : public PoolClient {
 
   StatusOr<std::vector<bool>> Exist(const std::vector<std::string>& keys,
                                     Clock::time_point deadline) override {
-    TANDEM_ASSIGN_OR_RETURN(json reply, Call("/pool/exist", {{"keys", keys}}, deadline));
+    TANDEM_ASSIGN_OR_RETURN(json reply, channel_.Call("/pool/exist", {{"keys", keys}}, deadline));
     try {
       return reply.at("exist").get<std::vector<bool>>();
     } catch (const json::exception& e) {
@@ -216,7 +195,7 @@ class PoolClientImpl final : public PoolClient {
   }
 
   Status Remove(const std::vector<std::string>& keys, Clock::time_point deadline) override {
-    return Call("/pool/remove", {{"keys", keys}}, deadline).status();
+    return channel_.Call("/pool/remove", {{"keys", keys}}, deadline).status();
   }
 
   PoolClientStats Stats() const override {
@@ -225,6 +204,7 @@ class PoolClientImpl final : public PoolClient {
       MutexLock lock(&mu_);
       s = stats_;
     }
+    s.master_unavailable = channel_.unavailable();
     if (ssd_) {
       const SsdTierStats t = ssd_->Stats();
       s.ssd_capacity_bytes = t.capacity_bytes;
@@ -257,9 +237,9 @@ class PoolClientImpl final : public PoolClient {
         std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1000);
     TANDEM_ASSIGN_OR_RETURN(
         json reply,
-        Call("/pool/get",
-             {{"keys", keys}, {"lease_ms", std::clamp<int64_t>(lease.count(), 0, 600000)}},
-             deadline));
+        channel_.Call("/pool/get",
+                      {{"keys", keys}, {"lease_ms", std::clamp<int64_t>(lease.count(), 0, 600000)}},
+                      deadline));
     try {
       for (const auto& o : reply.at("objects"))
         prefix.objects.push_back(internal::FoundFromJson(o));
@@ -302,9 +282,9 @@ class PoolClientImpl final : public PoolClient {
         if (intact) {
           done[i] = true;
         } else {
-          (void)Call("/pool/bad_replica",
-                     {{"key", prefix.keys[i]}, {"segment", objects[i][replica[i]].segment}},
-                     deadline);
+          (void)channel_.Call(
+              "/pool/bad_replica",
+              {{"key", prefix.keys[i]}, {"segment", objects[i][replica[i]].segment}}, deadline);
           ++replica[i];
         }
       }
@@ -346,9 +326,9 @@ class PoolClientImpl final : public PoolClient {
         ok = RunBatch(reqs, deadline);
       }
       for (size_t r = 0; r < items.size(); ++r) {
-        (void)Call("/pool/replica_end",
-                   {{"key", prefix.keys[items[r]]}, {"segment", segment}, {"ok", bool(ok[r])}},
-                   deadline);
+        (void)channel_.Call(
+            "/pool/replica_end",
+            {{"key", prefix.keys[items[r]]}, {"segment", segment}, {"ok", bool(ok[r])}}, deadline);
         landed += ok[r] ? 1 : 0;
       }
     }
@@ -361,82 +341,14 @@ class PoolClientImpl final : public PoolClient {
     f(stats_);
   }
 
-  void NoMaster() {
-    MutexLock lock(&mu_);
-    ++stats_.master_unavailable;
-    no_master_until_ = Clock::now() + options_.master_retry;
-    published_master_.clear();  // looked up again: a new master may be published
-  }
-
-  // The master's address: the configured one, or the one published in the metadata service
-  // (remembered until a call to it fails).
-  StatusOr<std::pair<std::string, int>> Master() {
-    if (!options_.master_uri.empty()) return ParseHttpUri(options_.master_uri);
-    if (!options_.metadata) return FailedPrecondition("no pool master and no metadata service");
-    {
-      MutexLock lock(&mu_);
-      if (!published_master_.empty()) return ParseHttpUri(published_master_);
-    }
-    auto uri = options_.metadata->Get(kMasterKey);
-    if (!uri.ok()) return Unavailable("no pool master published: " + uri.status().message());
-    auto parsed = ParseHttpUri(*uri);
-    if (parsed.ok()) {
-      MutexLock lock(&mu_);
-      published_master_ = *uri;
-    }
-    return parsed;
-  }
-
-  StatusOr<json> Call(const std::string& path, const json& body, Clock::time_point deadline) {
-    {
-      MutexLock lock(&mu_);
-      if (Clock::now() < no_master_until_) {
-        ++stats_.master_unavailable;
-        return Unavailable("no pool master answered recently");
-      }
-    }
-    auto master = Master();
-    if (!master.ok()) {
-      NoMaster();
-      return master.status();
-    }
-    const Clock::time_point until = std::min(deadline, Clock::now() + options_.rpc_timeout);
-    if (until <= Clock::now()) return DeadlineExceeded("pool call " + path + " out of time");
-    httplib::Client client(master->first, master->second);
-    SetHttpClientDeadline(client, until, options_.rpc_timeout, options_.rpc_timeout);
-    const std::string text = body.dump();
-    const ClusterCallHeaders signed_call = SignClusterCall("POST", path, text);
-    httplib::Result res = client.Post(path, signed_call.headers, text, "application/json");
-    const std::string peer = "pool master " + master->first + ":" + std::to_string(master->second);
-    if (!res) {
-      NoMaster();
-      return Unavailable(peer + " unreachable: " + httplib::to_string(res.error()));
-    }
-    TANDEM_RETURN_IF_ERROR(CheckClusterReply(*res, signed_call.nonce, peer));
-    json reply = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
-    if (!JsonFloatsBounded(reply)) reply = json(json::value_t::discarded);
-    if (res->status != 200) {
-      if (res->status == 404 || res->status >= 500) {  // not (or no longer) a working master
-        MutexLock lock(&mu_);
-        published_master_.clear();
-      }
-      const std::string why =
-          reply.is_object() && reply.contains("error") && reply["error"].is_string()
-              ? reply["error"].get<std::string>()
-              : res->body.substr(0, 200);
-      return Status(StatusCodeForHttp(res->status), "pool master " + path + ": " + why);
-    }
-    if (!reply.is_object()) return Internal("pool master " + path + " answered non-JSON");
-    return reply;
-  }
-
   Status MountOne(const std::string& segment, uint64_t bytes, Clock::time_point deadline) {
-    return Call("/pool/mount",
-                {{"segment", segment},
-                 {"node", options_.node},
-                 {"capacity", bytes},
-                 {"ttl_ms", options_.segment_ttl.count()}},
-                deadline)
+    return channel_
+        .Call("/pool/mount",
+              {{"segment", segment},
+               {"node", options_.node},
+               {"capacity", bytes},
+               {"ttl_ms", options_.segment_ttl.count()}},
+              deadline)
         .status();
   }
 
@@ -528,6 +440,7 @@ class PoolClientImpl final : public PoolClient {
 
   const PoolClientOptions options_;
   std::shared_ptr<spdlog::logger> log_;
+  internal::MasterChannel channel_;
   std::unique_ptr<SsdTier> ssd_;  // set once before use; thread-safe itself
   mutable Mutex mu_;
   CondVar cv_;
@@ -535,8 +448,6 @@ class PoolClientImpl final : public PoolClient {
   std::map<std::string, uint64_t> mounts_ TANDEM_GUARDED_BY(mu_);  // segment -> bytes
   std::map<std::string, transfer::SegmentHandle> handles_ TANDEM_GUARDED_BY(mu_);
   PoolClientStats stats_ TANDEM_GUARDED_BY(mu_);
-  Clock::time_point no_master_until_ TANDEM_GUARDED_BY(mu_){};
-  std::string published_master_ TANDEM_GUARDED_BY(mu_);  // empty: look it up
   std::thread heartbeat_;  // HeartbeatLoop, started by the first MountDram
 };
 
@@ -548,7 +459,7 @@ StatusOr<std::unique_ptr<PoolClient>> PoolClient::Create(PoolClientOptions optio
     return InvalidArgument("the pool client needs a master address or a metadata service");
   }
   if (!options.master_uri.empty())
-    TANDEM_RETURN_IF_ERROR(ParseHttpUri(options.master_uri).status());
+    TANDEM_RETURN_IF_ERROR(internal::ParseHttpUri(options.master_uri).status());
   if (options.replicas < 1) return InvalidArgument("replicas must be at least 1");
   if (options.node.empty()) options.node = options.engine->local_name();
   std::unique_ptr<SsdTier> ssd;
