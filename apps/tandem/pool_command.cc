@@ -35,6 +35,35 @@ int Fail(const std::string& what, const Status& st) {
   return 1;
 }
 
+// A pool client with a transfer engine of its own (members destroyed in reverse order: the
+// client before the engine it uses).
+struct PoolNode {
+  std::shared_ptr<transfer::MetadataStore> metadata;
+  std::unique_ptr<transfer::TransferEngine> engine;
+  std::unique_ptr<store::PoolClient> pool;
+};
+
+StatusOr<PoolNode> ConnectPoolNode(const std::string& metadata_uri, const std::string& engine_name,
+                                   const std::string& node, const std::string& host,
+                                   const std::string& protocols) {
+  TANDEM_ASSIGN_OR_RETURN(auto names, ParseProtocolList(protocols));
+  PoolNode n;
+  TANDEM_ASSIGN_OR_RETURN(n.metadata, transfer::OpenMetadataStore(metadata_uri));
+  transfer::TransferEngineOptions to;
+  to.local_name = engine_name;
+  to.metadata = n.metadata;
+  to.tcp_listen_host = host;
+  to.protocols.clear();
+  for (const auto& name : names) to.protocols.push_back(*transfer::ParseProtocol(name));
+  TANDEM_ASSIGN_OR_RETURN(n.engine, transfer::TransferEngine::Create(to));
+  store::PoolClientOptions po;
+  po.metadata = n.metadata;
+  po.engine = n.engine.get();
+  po.node = node;
+  TANDEM_ASSIGN_OR_RETURN(n.pool, store::PoolClient::Create(po));
+  return n;
+}
+
 }  // namespace
 
 CLI::App* AddPoolMasterCommand(CLI::App& app, PoolMasterFlags& f) {
@@ -126,25 +155,11 @@ int RunStore(const StoreFlags& f) {
   auto log = GetLogger("pool");
   const sigset_t signals = BlockTerminationSignals();
   if (!SetUpClusterToken(f.cluster_token_file, /*generate=*/false)) return 2;
-  auto names = ParseProtocolList(f.transfer_protocols);
-  if (!names.ok()) return Fail("--transfer-protocols", names.status());
-  auto metadata = transfer::OpenMetadataStore(f.metadata);
-  if (!metadata.ok()) return Fail("metadata service " + f.metadata, metadata.status());
   const std::string name = f.name.empty() ? "store-" + std::to_string(::getpid()) : f.name;
-  transfer::TransferEngineOptions to;
-  to.local_name = name + "." + std::to_string(::getpid());
-  to.metadata = *metadata;
-  to.tcp_listen_host = f.host;
-  to.protocols.clear();
-  for (const auto& n : *names) to.protocols.push_back(*transfer::ParseProtocol(n));
-  auto te = transfer::TransferEngine::Create(to);
-  if (!te.ok()) return Fail("transfer engine", te.status());
-  store::PoolClientOptions po;
-  po.metadata = *metadata;
-  po.engine = te->get();
-  po.node = name;
-  auto pool = store::PoolClient::Create(po);
-  if (!pool.ok()) return Fail("pool client", pool.status());
+  auto node = ConnectPoolNode(f.metadata, name + "." + std::to_string(::getpid()), name, f.host,
+                              f.transfer_protocols);
+  if (!node.ok()) return Fail("store " + name, node.status());
+  auto& pool = node->pool;
   // The segment's name changes with every start: objects a dead incarnation held never
   // resolve to the new, empty memory.
   const std::string segment =
@@ -153,7 +168,7 @@ int RunStore(const StoreFlags& f) {
                          std::chrono::system_clock::now().time_since_epoch())
                          .count()) +
       "/pool";
-  if (Status st = (*pool)->MountDram(segment, static_cast<uint64_t>(f.dram_mb) << 20); !st.ok()) {
+  if (Status st = pool->MountDram(segment, static_cast<uint64_t>(f.dram_mb) << 20); !st.ok()) {
     return Fail("pool segment", st);
   }
   std::printf("store %s: %d MiB in segment %s\n", name.c_str(), f.dram_mb, segment.c_str());
@@ -161,7 +176,7 @@ int RunStore(const StoreFlags& f) {
   while (!Signalled(signals, milliseconds(1000))) {
   }
   log->info("store {} stopping", name);
-  pool->reset();  // unmounts
+  pool.reset();  // unmounts
   return 0;
 }
 
@@ -199,25 +214,11 @@ int RunPoolBench(const PoolBenchFlags& f) {
     std::fprintf(stderr, "error: --objects must be at least --batch-size\n");
     return 2;
   }
-  auto names = ParseProtocolList(f.transfer_protocols);
-  if (!names.ok()) return Fail("--transfer-protocols", names.status());
-  auto metadata = transfer::OpenMetadataStore(f.metadata);
-  if (!metadata.ok()) return Fail("metadata service " + f.metadata, metadata.status());
   const std::string name = "pool-bench-" + std::to_string(::getpid());
-  transfer::TransferEngineOptions to;
-  to.local_name = name;
-  to.metadata = *metadata;
-  to.tcp_listen_host = f.host;
-  to.protocols.clear();
-  for (const auto& n : *names) to.protocols.push_back(*transfer::ParseProtocol(n));
-  auto te = transfer::TransferEngine::Create(to);
-  if (!te.ok()) return Fail("transfer engine", te.status());
-  store::PoolClientOptions po;
-  po.metadata = *metadata;
-  po.engine = te->get();
-  po.node = name;
-  auto pool = store::PoolClient::Create(po);
-  if (!pool.ok()) return Fail("pool client", pool.status());
+  auto node = ConnectPoolNode(f.metadata, name, name, f.host, f.transfer_protocols);
+  if (!node.ok()) return Fail("pool-bench", node.status());
+  auto* te = &node->engine;
+  auto* pool = &node->pool;
 
   // Sources: every object, distinct bytes; destinations: one batch.
   const uint64_t block = f.block_bytes;

@@ -135,6 +135,34 @@ TEST(PoolBridgeTest, APrefixComputedByOneWorkerIsReadByAnother) {
   EXPECT_EQ(b.client->Stats().hit_objects, reads_before);
 }
 
+// A decode worker's reservation for pushed KV reads what the pool holds beyond its own cache,
+// so the prefill side pushes only the rest (skip_blocks = cached_blocks); the blocks read join
+// its prefix cache, and a sequence on them continues as the reference does.
+TEST(PoolBridgeTest, ADecodeReservationTakesThePoolsBlocks) {
+  auto meta = *transfer::OpenMetadataStore("embedded:pool-bridge-reserve-test");
+  auto master = store::PoolMasterServer::Start("127.0.0.1", 0, {}, meta);
+  ASSERT_TRUE(master.ok()) << master.status().ToString();
+  Member a("worker-a", meta, true), d("decode-d", meta, true), alone("alone", meta, false);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(2000 + (i * 53) % 4000);  // 9 full blocks
+  const auto [ref_tokens, ref_info] = alone.Run(prompt, "ref");
+  ASSERT_EQ(a.Run(prompt, "a").first, ref_tokens);
+  ASSERT_TRUE(WaitFor([&] { return a.client->Stats().put_objects >= 9; }));
+
+  auto reserved = d.backend->ReservePrompt("push-1", prompt, static_cast<int>(prompt.size()) + 1,
+                                           serving::Clock::now() + std::chrono::seconds(10));
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  EXPECT_EQ(reserved->cached_blocks, 9);  // every full block but the last token's
+  EXPECT_EQ(d.backend->Stats().pool_hit_tokens, 144);
+  d.backend->CancelReservation("push-1");
+  // The blocks read are in d's prefix cache now: a request on d computes only the tail, and
+  // its output equals the reference (the KV read is the KV computed).
+  const auto [d_tokens, d_info] = d.Run(prompt, "d");
+  EXPECT_EQ(d_tokens, ref_tokens);
+  EXPECT_EQ(d_info.cached_prompt_tokens, 144);
+  EXPECT_EQ(d.client->Stats().hit_objects, 9u);  // read once, by the reservation
+}
+
 // Without a master the loop computes everything and says so in the pool counters.
 TEST(PoolBridgeTest, NoMasterMeansLocalOnly) {
   auto meta = *transfer::OpenMetadataStore("embedded:pool-bridge-test-no-master");

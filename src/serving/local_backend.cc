@@ -176,9 +176,10 @@ class LocalBackendImpl final : public LocalBackend {
     return RunOnLoop<Reserved>([=, this, prompt = std::move(prompt)]() -> StatusOr<Reserved> {
       if (reservations_.count(id)) return InvalidArgument("'" + id + "' is already reserved");
       Reserved r;
+      std::vector<uint64_t> keys;  // of the prompt's full blocks but the last token's
       if (options_.enable_prefix_cache && prompt.size() > 1) {
         const int max_blocks = static_cast<int>((prompt.size() - 1) / block_tokens_);
-        const auto keys = PrefixCache::BlockKeys(
+        keys = PrefixCache::BlockKeys(
             std::span(prompt).first(static_cast<size_t>(max_blocks) * block_tokens_),
             block_tokens_);
         r.blocks = prefix_cache_.Match(keys, max_blocks);
@@ -195,6 +196,17 @@ class LocalBackendImpl final : public LocalBackend {
                                    std::to_string(kv_.num_free()) + " free)");
         }
         r.blocks.insert(r.blocks.end(), got->begin(), got->end());
+      }
+      // What the KV pool holds beyond the local prefix is read into the fresh blocks: the
+      // prefill side then pushes only the rest (skip_blocks).
+      if (UsesPool() && r.cached_blocks < static_cast<int>(keys.size())) {
+        const int from = r.cached_blocks;
+        const auto wanted = std::span(keys).subspan(from);
+        const int filled =
+            options_.kv_pool->Fetch(wanted, std::span(r.blocks).subspan(from, wanted.size()));
+        for (int i = 0; i < filled; ++i) prefix_cache_.Insert(wanted[i], r.blocks[from + i]);
+        r.cached_blocks += filled;
+        pool_hit_tokens_.fetch_add(int64_t{filled} * block_tokens_);
       }
       // Sliding layers: the writer fills only the window that the first decode step (at
       // position n_tokens - 1) reads; the cached prefix holds its part of it already.

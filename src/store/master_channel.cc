@@ -99,9 +99,10 @@ StatusOr<json> MasterChannel::Call(const std::string& path, const json& body,
       MutexLock lock(&mu_);
       published_master_.clear();
     }
-    const std::string why = reply.is_object() && reply.contains("error") && reply["error"].is_string()
-                                ? reply["error"].get<std::string>()
-                                : res->body.substr(0, 200);
+    const std::string why =
+        reply.is_object() && reply.contains("error") && reply["error"].is_string()
+            ? reply["error"].get<std::string>()
+            : res->body.substr(0, 200);
     return Status(StatusCodeForHttp(res->status), "pool master " + path + ": " + why);
   }
   if (!reply.is_object()) return Internal("pool master " + path + " answered non-JSON");

@@ -130,3 +130,73 @@ def metric(m, name, **labels):
     else:
         key = name
     return m.get(key, 0.0)
+
+
+def scrape(port):
+    """The /metrics samples of a server on 127.0.0.1:port: {"name{labels}": value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+class ProcessCluster:
+    """Processes started one by one (a cluster assembled by hand, as on several hosts), each
+    logging to <tmp>/<name>.log, all given the test cluster token; every one is killed at the
+    end. Mix into a unittest.TestCase and call cluster_setup / cluster_teardown."""
+
+    def cluster_setup(self, prefix):
+        import tempfile
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+        self.procs = []
+        self.env = {**os.environ, "TANDEM_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN}
+
+    def cluster_teardown(self):
+        import shutil
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def start(self, name, *args):
+        with open(os.path.join(self.tmp, name + ".log"), "a") as log:
+            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.procs.append(p)
+        return p
+
+    def log(self, name):
+        with open(os.path.join(self.tmp, name + ".log")) as f:
+            return f.read()
+
+    def logs(self):
+        out = []
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmp, name)) as f:
+                    out.append(f"--- {name}\n" + f.read()[-3000:])
+        return "\n".join(out)
+
+    def start_etcd(self, free_port):
+        """A real etcd on free loopback ports, answering; returns its etcd:// URI."""
+        import socket
+        client, peer = free_port(), free_port()
+        self.start("etcd", "etcd", "--data-dir", os.path.join(self.tmp, "etcd"),
+                   "--listen-client-urls", f"http://127.0.0.1:{client}",
+                   "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                   "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                   "--initial-cluster", f"default=http://127.0.0.1:{peer}")
+
+        def answers():
+            try:
+                socket.create_connection(("127.0.0.1", client), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_for(answers, 30, "etcd")
+        return f"etcd://127.0.0.1:{client}"

@@ -4,28 +4,14 @@ client (a broken connection, not a hang) and its sequence is freed on the worker
 conductor finds the workers in etcd and serves new requests with the same answers."""
 import concurrent.futures
 import json
-import os
 import shutil
 import signal
-import subprocess
-import tempfile
 import time
 import unittest
 import urllib.request
 
-from disagg_util import MODEL_NAME, TEST_CLUSTER_TOKEN, metric, stream, wait_for
+from disagg_util import MODEL_NAME, ProcessCluster, metric, scrape, stream, wait_for
 from server_util import BIN, MODEL, free_port
-
-
-def samples(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def complete(port, prompt, max_tokens):
@@ -46,46 +32,16 @@ class Base:
 
 
 @unittest.skipUnless(shutil.which("etcd"), "needs etcd")
-class ConductorRestart(unittest.TestCase):
+class ConductorRestart(ProcessCluster, unittest.TestCase):
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="tandem-restart-")
-        self.procs = []
-        self.env = {**os.environ, "TANDEM_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN}
+        self.cluster_setup("tandem-restart-")
 
     def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def start(self, name, *args):
-        with open(os.path.join(self.tmp, name + ".log"), "a") as log:
-            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        self.procs.append(p)
-        return p
-
-    def log(self, name):
-        with open(os.path.join(self.tmp, name + ".log")) as f:
-            return f.read()
-
-    def logs(self):
-        out = []
-        for name in sorted(os.listdir(self.tmp)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.tmp, name)) as f:
-                    out.append(f"--- {name}\n" + f.read()[-3000:])
-        return "\n".join(out)
+        self.cluster_teardown()
 
     def test_workers_survive_and_rejoin_a_restarted_conductor(self):
-        etcd_port, peer_port, http_port = free_port(), free_port(), free_port()
-        self.start("etcd", "etcd", "--data-dir", os.path.join(self.tmp, "etcd"),
-                   "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                   "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                   "--initial-cluster", f"default=http://127.0.0.1:{peer_port}")
-        etcd = f"etcd://127.0.0.1:{etcd_port}"
+        http_port = free_port()
+        etcd = self.start_etcd(free_port)
         common = ["--metadata", etcd, "--model", MODEL, "--threads", "1", "--kv-cache-tokens", "4096"]
         workers = [self.start("prefill", BIN, "worker", "--role", "prefill", "--name", "prefill-r", *common),
                    self.start("decode", BIN, "worker", "--role", "decode", "--name", "decode-r", *common)]
@@ -94,7 +50,7 @@ class ConductorRestart(unittest.TestCase):
 
         def joined():
             try:
-                m = samples(http_port)
+                m = scrape(http_port)
             except OSError:
                 return False
             return (m.get('tandem_workers{role="decode",state="healthy"}') == 1
@@ -110,7 +66,7 @@ class ConductorRestart(unittest.TestCase):
             running = 'tandem_worker_running_sequences{worker="decode-r",role="decode"}'
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 future = pool.submit(stream, Base(http_port), "/v1/completions", body, 60)
-                wait_for(lambda: samples(http_port).get(running) == 1, 30,
+                wait_for(lambda: scrape(http_port).get(running) == 1, 30,
                          "the stream to run on the decode worker")
                 conductor.send_signal(signal.SIGKILL)
                 conductor.wait(timeout=10)
@@ -127,9 +83,9 @@ class ConductorRestart(unittest.TestCase):
             # gone from the decode worker (its stream's writes failed).
             self.start("conductor", *conductor_args)
             wait_for(joined, 90, "the workers to join the new conductor")
-            wait_for(lambda: samples(http_port)[running] == 0, 30, "the orphaned sequence to end")
+            wait_for(lambda: scrape(http_port)[running] == 0, 30, "the orphaned sequence to end")
             self.assertEqual(complete(http_port, "The capital of France is", 12), before)
-            self.assertEqual(metric(samples(http_port), "tandem_kv_blocks_reserved"), 0)
+            self.assertEqual(metric(scrape(http_port), "tandem_kv_blocks_reserved"), 0)
         except AssertionError:
             raise AssertionError(self.logs())
 

@@ -7,29 +7,15 @@ master is killed (kill -9) and the prefill worker too. The standby takes over wi
 a new prefill worker joins with an empty cache, and the same prompt is read from the pool
 instead of computed: same answer, pool hits counted."""
 import json
-import os
 import shutil
 import signal
-import subprocess
-import tempfile
 import unittest
 import urllib.request
 
-from disagg_util import MODEL_NAME, TEST_CLUSTER_TOKEN, metric, wait_for
+from disagg_util import MODEL_NAME, ProcessCluster, metric, scrape, wait_for
 from server_util import BIN, MODEL, free_port
 
 PROMPT = " ".join(f"Fact {k}: the river number {k} is {k * 3 + 1} km long." for k in range(30))
-
-
-def samples(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def complete(port):
@@ -44,49 +30,16 @@ def complete(port):
 
 
 @unittest.skipUnless(shutil.which("etcd"), "needs etcd")
-class PoolAcrossProcesses(unittest.TestCase):
+class PoolAcrossProcesses(ProcessCluster, unittest.TestCase):
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="tandem-pool-cluster-")
-        self.procs = []
-        self.env = {**os.environ, "TANDEM_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN}
+        self.cluster_setup("tandem-pool-cluster-")
 
     def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def start(self, name, *args):
-        with open(os.path.join(self.tmp, name + ".log"), "a") as log:
-            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        self.procs.append(p)
-        return p
-
-    def log(self, name):
-        with open(os.path.join(self.tmp, name + ".log")) as f:
-            return f.read()
-
-    def logs(self):
-        out = []
-        for name in sorted(os.listdir(self.tmp)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.tmp, name)) as f:
-                    out.append(f"--- {name}\n" + f.read()[-3000:])
-        return "\n".join(out)
+        self.cluster_teardown()
 
     def test_a_standby_master_restores_the_pool_and_a_new_worker_reads_it(self):
-        etcd_port, peer_port, http_port = free_port(), free_port(), free_port()
-        self.start("etcd", "etcd", "--data-dir", os.path.join(self.tmp, "etcd"),
-                   "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                   "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                   "--initial-cluster", f"default=http://127.0.0.1:{peer_port}")
-        etcd = f"etcd://127.0.0.1:{etcd_port}"
-        # Wait for etcd before the masters race for it.
-        wait_for(lambda: subprocess.run([BIN, "store", "--help"], capture_output=True).returncode == 0,
-                 10, "the binary")
+        http_port = free_port()
+        etcd = self.start_etcd(free_port)
         master = self.start("master-1", BIN, "pool-master", "--metadata", etcd)
         wait_for(lambda: "pool master on" in self.log("master-1"), 60, "the first master")
         self.start("master-2", BIN, "pool-master", "--metadata", etcd)
@@ -104,7 +57,7 @@ class PoolAcrossProcesses(unittest.TestCase):
 
         def joined(prefill_name):
             try:
-                m = samples(http_port)
+                m = scrape(http_port)
             except OSError:
                 return False
             return (m.get('tandem_workers{role="decode",state="healthy"}') == 1
@@ -115,7 +68,7 @@ class PoolAcrossProcesses(unittest.TestCase):
             wait_for(lambda: joined("prefill-1"), 120, "the workers to join the conductor")
             first, cached = complete(http_port)
             self.assertEqual(cached, 0)
-            stored = lambda: metric(samples(http_port), "tandem_kv_pool_put_blocks_total",
+            stored = lambda: metric(scrape(http_port), "tandem_kv_pool_put_blocks_total",
                                     role="prefill", outcome="stored")
             wait_for(lambda: stored() > 0, 30, "the prompt's blocks in the pool")
 
@@ -134,7 +87,7 @@ class PoolAcrossProcesses(unittest.TestCase):
             second, cached = complete(http_port)
             self.assertEqual(second, first)
             self.assertGreater(cached, 0)
-            m = samples(http_port)
+            m = scrape(http_port)
             self.assertGreater(metric(m, "tandem_kv_pool_hit_blocks_total", role="prefill"), 0)
             self.assertEqual(metric(m, "tandem_kv_pool_checksum_failures_total", role="prefill"), 0)
         except AssertionError:
