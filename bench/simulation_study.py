@@ -173,17 +173,24 @@ def policies(args, out):
     speed = 1.0
     lines = [f"## Placement policies (conversation trace at {speed:g}x, 8P+8D, admission none, no "
              "local prefill; last row: cache-load with conditional disaggregation)", "",
-             "| policy | mean TTFT s | p90 TTFT s | prefix-cache hit share | TBT p90 ms |", "|---|---|---|---|---|"]
+             "| policy | mean TTFT s | p90 TTFT s | prefix-cache hit share | of which from the pool "
+             "| TBT p90 ms |", "|---|---|---|---|---|---|"]
     data = {}
+    # With a KV pool: 1 TB of DRAM per node (the profile's host cache), pooled over the 8
+    # prefill nodes; the conductor knows what the pool holds (global cache awareness).
+    pool = ["--kv-pool-gb", "8000"]
     for pol, extra in (("random", ["--no-local-prefill"]), ("load-balance", ["--no-local-prefill"]),
                        ("cache-aware", ["--no-local-prefill"]), ("cache-load", ["--no-local-prefill"]),
-                       ("cache-load + local prefill", [])):
+                       ("cache-load + local prefill", []),
+                       ("load-balance + KV pool", ["--no-local-prefill"] + pool),
+                       ("cache-load + KV pool", ["--no-local-prefill"] + pool)):
         s = simulate(args, "--profile", PROFILES["A800"], "--trace", TRACES["conversation"], "--speed", speed,
                      "--prefill", 8, "--decode", 8, "--admission", "none", "--placement-policy",
                      pol.split()[0], *extra)
         data[pol] = s
         lines.append(f"| {pol} | {s['ttft_ms']['mean'] / 1000:.2f} | {s['ttft_ms']['p90'] / 1000:.2f} | "
-                     f"{s['simulation']['prefix_cache_hit_share']:.3f} | {s['tbt_ms']['p90']:.0f} |")
+                     f"{s['simulation']['prefix_cache_hit_share']:.3f} | "
+                     f"{s['simulation'].get('pool_hit_share', 0):.3f} | {s['tbt_ms']['p90']:.0f} |")
         print(lines[-1], flush=True)
     return "\n".join(lines), {k: {"ttft_mean_ms": v["ttft_ms"]["mean"]} for k, v in data.items()}
 

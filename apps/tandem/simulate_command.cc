@@ -119,6 +119,12 @@ CLI::App* AddSimulateCommand(CLI::App& app, SimulateFlags& f) {
       ->check(CLI::Range(1e-3, 1e6))
       ->capture_default_str();
   AddPlannerFlags(cmd, f.planner);
+  cmd->add_option("--kv-pool-gb", f.kv_pool_gb,
+                  "A cluster KV pool of this much DRAM (GB, 0: none): prefill instances read what "
+                  "it holds beyond their own prefix cache over their link, and the conductor "
+                  "places knowing what it holds")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
   cmd->add_option("--seed", f.seed, "Random seed (random placement, engine noise, synthetic load)")
       ->capture_default_str();
   cmd->add_option("--out", f.out,
@@ -223,6 +229,9 @@ int RunSimulate(const SimulateFlags& flags) {
   o.utilisation_interval_s = f.utilisation_interval_s;
   o.keep_gaps = f.keep_gaps;
   o.seed = f.seed;
+  if (f.kv_pool_gb > 0 && o.profile.kv_bytes_per_token > 0) {
+    o.pool_tokens = static_cast<int64_t>(f.kv_pool_gb * 1e9 / o.profile.kv_bytes_per_token);
+  }
   o.elastic = f.planner.elastic;
   o.planner_interval_s = f.planner.interval_s;
   o.planner.dwell_s = f.planner.dwell_s;
@@ -283,9 +292,12 @@ int RunSimulate(const SimulateFlags& flags) {
                 ms(s[k]["p50"]), ms(s[k]["p90"]), ms(s[k]["p99"]));
   }
   const auto& sim = s["simulation"];
-  std::printf("prefix cache hit share %.3f; utilisation %s; %lld events in %.2f s\n",
-              sim["prefix_cache_hit_share"].get<double>(), sim["utilisation"].dump().c_str(),
-              static_cast<long long>(sim["events"].get<int64_t>()), sim["wall_s"].get<double>());
+  std::printf(
+      "prefix cache hit share %.3f (from the KV pool %.3f); utilisation %s; %lld events "
+      "in %.2f s\n",
+      sim["prefix_cache_hit_share"].get<double>(), sim["pool_hit_share"].get<double>(),
+      sim["utilisation"].dump().c_str(), static_cast<long long>(sim["events"].get<int64_t>()),
+      sim["wall_s"].get<double>());
   if (f.planner.elastic) {
     std::printf("role switches %lld; planner decisions %s\n",
                 static_cast<long long>(sim["role_switches"].get<int64_t>()),

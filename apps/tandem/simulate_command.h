@@ -46,7 +46,8 @@ struct SimulateFlags {
   double ttft_overhead_ms = -1;  // < 0: the profile's
   double step_overhead_ms = -1;  // < 0: the profile's
   double utilisation_interval_s = 10;
-  PlannerKnobs planner;  // elastic pools
+  PlannerKnobs planner;   // elastic pools
+  double kv_pool_gb = 0;  // the cluster KV pool's DRAM (0: none)
   uint64_t seed = 1;
   std::string out;  // results directory
   bool keep_gaps = false;

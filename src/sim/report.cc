@@ -71,6 +71,7 @@ json Record(const RequestRecord& r, double slo_ttft_s, double slo_tbt_s) {
             {"e2e_ms", r.ok ? Ms(r.e2e_s) : json(nullptr)},
             {"client_wait_ms", 0.0},
             {"cached_tokens", r.cached_tokens},
+            {"pool_tokens", r.pool_tokens},
             {"prefill", r.prefill},
             {"decode", r.decode},
             {"local", r.local},
@@ -153,12 +154,13 @@ json Summary(const SimResult& res, double slo_ttft_s, double slo_tbt_s) {
   // What the simulation itself saw.
   double busy[3] = {0, 0, 0};
   int count[3] = {0, 0, 0};
-  int64_t cached = 0, computed = 0, overflow = 0;
+  int64_t cached = 0, computed = 0, overflow = 0, pooled = 0;
   for (const InstanceRecord& i : res.instances) {
     const int k = static_cast<int>(i.role);
     busy[k] += i.busy_s;
     count[k]++;
     cached += i.cached_tokens;
+    pooled += i.pool_tokens;
     computed += i.prefill_tokens;
     overflow += i.kv_overflow_blocks;
   }
@@ -178,6 +180,9 @@ json Summary(const SimResult& res, double slo_ttft_s, double slo_tbt_s) {
       {"local_prefills", res.local_prefills},
       {"prefix_cache_hit_share",
        cached + computed > 0 ? static_cast<double>(cached) / (cached + computed) : 0.0},
+      {"pool_hit_share",
+       cached + computed > 0 ? static_cast<double>(pooled) / (cached + computed) : 0.0},
+      {"prompt_tokens_computed", computed},
       {"kv_overflow_blocks", overflow},
       {"utilisation", util},
       {"role_switches", res.role_switches},
@@ -270,6 +275,7 @@ Status WriteResults(const std::string& dir, const SimResult& res, double slo_ttf
                                  {"steps", i.steps},
                                  {"prefill_tokens", i.prefill_tokens},
                                  {"cached_tokens", i.cached_tokens},
+                                 {"pool_tokens", i.pool_tokens},
                                  {"decode_tokens", i.decode_tokens},
                                  {"kv_overflow_blocks", i.kv_overflow_blocks},
                                  {"busy_share", i.busy_share},

@@ -168,6 +168,7 @@ class Simulation {
         w.healthy = true;
         inst->view = &w;
         inst->cache = std::make_unique<PrefixCache>(&w.reported_keys);
+        w.stats.pool_enabled = role == WorkerRole::kPrefill && o.pool_tokens > 0;
         if (role != WorkerRole::kPrefill) inst->total_blocks = p.KvBlocks();
         w.stats.backend.kv_blocks_total = static_cast<int>(inst->total_blocks);
         inst->rec.name = inst->name;
@@ -176,6 +177,7 @@ class Simulation {
         instances_.push_back(std::move(inst));
       }
     };
+    if (o.pool_tokens > 0) pool_ = std::make_unique<PrefixCache>(&pool_keys_);
     add("p", o.prefill_instances, WorkerRole::kPrefill);
     add("d", o.decode_instances, WorkerRole::kDecode);
     add("m", o.mixed_instances, WorkerRole::kMixed);
@@ -296,11 +298,19 @@ class Simulation {
     return s;
   }
 
+  // The request as the conductor sees it after asking the pool's master (its PoolDirectory).
+  conductor::RequestLoad WithPool(const Req& r) const {
+    conductor::RequestLoad load = r.load;
+    load.pool_prompt_tokens =
+        static_cast<int>(LeadingHeld(r.load.keys, MaxHitBlocks(r), pool_keys_) * bt_);
+    return load;
+  }
+
   // The policy over the view, as the conductor calls it.
   Placement PlaceNow(const Req& r, AdmissionPolicy admission, std::string* decode,
                      std::string* prefill) {
     ++result_.placements;
-    const auto snapshot = view_.Snapshot(r.load, TimeAt(now_), &names_);
+    const auto snapshot = view_.Snapshot(pool_ ? WithPool(r) : r.load, TimeAt(now_), &names_);
     conductor::PlacementOptions po = o_.placement;
     po.admission = admission;
     po.random_draw = rng_();
@@ -618,10 +628,21 @@ class Simulation {
         Fail(r, 504, "deadline");
         continue;
       }
-      const int64_t cached = p.cache->Hit(r.load.keys, MaxHitBlocks(r)) * bt_;
+      const int64_t local = p.cache->Hit(r.load.keys, MaxHitBlocks(r)) * bt_;
+      // The pool's part beyond the local prefix is read over the instance's link first.
+      const int64_t pooled = pool_ ? pool_->Hit(r.load.keys, MaxHitBlocks(r)) * bt_ : 0;
+      const int64_t cached = std::max(local, pooled);
+      const int64_t fetched = cached - local;
+      const InstanceProfile& prof = o_.profile;
+      const double fetch_s = fetched > 0 ? static_cast<double>(fetched) * prof.kv_bytes_per_token /
+                                                   prof.link_bytes_per_s +
+                                               prof.link_latency_s
+                                         : 0.0;
       const int64_t n_new = r.load.prompt_tokens - cached;
-      const double dt = o_.profile.cost.PrefillSeconds(n_new, cached) * Noise();
+      const double dt = o_.profile.cost.PrefillSeconds(n_new, cached) * Noise() + fetch_s;
       r.rec.cached_tokens = static_cast<int>(cached);
+      r.rec.pool_tokens = static_cast<int>(fetched);
+      p.rec.pool_tokens += fetched;
       r.prefill_started = now_;
       r.prefill_compute_s = dt;
       p.rec.prefill_tokens += n_new;
@@ -641,6 +662,10 @@ class Simulation {
     Req& r = reqs_[i];
     CachePrompt(r, p.cache.get());
     p.cache->ShrinkTo(o_.profile.PrefixCacheBlocks());
+    if (pool_) {  // offered to the pool (least recently used out)
+      CachePrompt(r, pool_.get());
+      pool_->ShrinkTo(o_.pool_tokens / bt_);
+    }
     // Layer-wise push: each layer's KV leaves as soon as it is computed; the link is shared
     // by this instance's transfers in order.
     const InstanceProfile& prof = o_.profile;
@@ -826,6 +851,8 @@ class Simulation {
   int bt_ = 16;
   ClusterView view_;
   std::vector<std::string> names_;
+  std::unordered_set<uint64_t> pool_keys_;  // the pool's keys (its mirror)
+  std::unique_ptr<PrefixCache> pool_;       // the cluster KV pool; null: none
   std::vector<std::unique_ptr<Instance>> instances_;
   std::unordered_map<std::string, int> by_name_;
   std::vector<Req> reqs_;
