@@ -242,6 +242,48 @@ int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo
   return rc;
 }
 
+// The KV pool master's figures as metrics; `m` null: no master answered (up 0).
+void AddPoolMasterMetrics(const store::PoolMasterStats* m, serving::BackendStats* s) {
+  s->extra.push_back({"tandem_kv_pool_master_up",
+                      "1 if the KV pool's master answered the last scrape, else 0.",
+                      false,
+                      {},
+                      m ? 1.0 : 0.0});
+  if (m == nullptr) return;
+  for (const store::SegmentUsage& u : m->segments) {
+    const std::vector<std::pair<std::string, std::string>> labels = {{"segment", u.name},
+                                                                     {"node", u.node}};
+    s->extra.push_back({"tandem_kv_pool_segment_capacity_bytes",
+                        "Bytes each KV pool storage segment holds, as mounted with the master.",
+                        false, labels, double(u.capacity)});
+    s->extra.push_back({"tandem_kv_pool_segment_used_bytes",
+                        "Bytes of each KV pool segment held by objects (stored or being written).",
+                        false, labels, double(u.used)});
+    s->extra.push_back({"tandem_kv_pool_segment_objects",
+                        "KV blocks (replicas) stored in each KV pool segment.", false, labels,
+                        double(u.objects)});
+  }
+  const store::MasterCounters& c = m->counters;
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    s->extra.push_back({name, help, true, {}, double(v)});
+  };
+  counter("tandem_kv_pool_evictions_total",
+          "KV pool objects evicted (least recently used) to make room.", c.evictions);
+  counter("tandem_kv_pool_puts_expired_total",
+          "KV pool writes whose writer never committed them (dropped at their deadline).",
+          c.puts_expired);
+  counter("tandem_kv_pool_objects_lost_total",
+          "KV pool objects that lost their last replica (node gone or unreadable).",
+          c.objects_lost);
+  counter("tandem_kv_pool_hot_replicas_total",
+          "Replicas added to hot KV pool objects (hot-prefix replication).", c.hot_replicas);
+  counter("tandem_kv_pool_restored_objects_total",
+          "KV pool objects a (re)started master took from its journal.", c.restored);
+  counter("tandem_kv_pool_journal_failures_total",
+          "Writes of the master's journal to the metadata service that failed (retried).",
+          m->journal_failures);
+}
+
 }  // namespace
 
 int RunServe(const ServeFlags& f) {
@@ -414,39 +456,28 @@ int RunServe(const ServeFlags& f) {
     std::fprintf(stderr, "error: --planner-low must be below --planner-high\n");
     return 2;
   }
+  // The KV pool master's figures on /metrics: the embedded master's, or (conductor over a
+  // cluster) those of the standalone master published in the metadata service.
   if (pool_master) {
     co.extra_metrics = [master = pool_master.get()](serving::BackendStats* s) {
-      for (const store::SegmentUsage& u : master->Usage()) {
-        s->extra.push_back({"tandem_kv_pool_segment_capacity_bytes",
-                            "Bytes each KV pool storage segment holds, as mounted with the master.",
-                            false,
-                            {{"segment", u.name}, {"node", u.node}},
-                            double(u.capacity)});
-        s->extra.push_back({"tandem_kv_pool_segment_used_bytes",
-                            "Bytes of each KV pool segment held by objects (stored or being "
-                            "written).",
-                            false,
-                            {{"segment", u.name}, {"node", u.node}},
-                            double(u.used)});
-        s->extra.push_back({"tandem_kv_pool_segment_objects",
-                            "KV blocks (replicas) stored in each KV pool segment.",
-                            false,
-                            {{"segment", u.name}, {"node", u.node}},
-                            double(u.objects)});
-      }
-      const store::MasterCounters c = master->Counters();
-      auto counter = [&](const char* name, const char* help, uint64_t v) {
-        s->extra.push_back({name, help, true, {}, double(v)});
-      };
-      counter("tandem_kv_pool_evictions_total",
-              "KV pool objects evicted (least recently used) to make room.", c.evictions);
-      counter("tandem_kv_pool_puts_expired_total",
-              "KV pool writes whose writer never committed them (dropped at their deadline).",
-              c.puts_expired);
-      counter("tandem_kv_pool_objects_lost_total",
-              "KV pool objects that lost their last replica (node gone or unreadable).",
-              c.objects_lost);
+      store::PoolMasterStats m;
+      m.segments = master->Usage();
+      m.counters = master->Counters();
+      m.journal_failures = master->JournalFailures();
+      AddPoolMasterMetrics(&m, s);
     };
+  } else if (f.knobs.kv_pool == "on") {
+    store::PoolDirectoryOptions po;
+    po.metadata = *metadata;
+    po.rpc_timeout = std::chrono::milliseconds(300);
+    auto dir = store::PoolDirectory::Create(po);
+    if (dir.ok()) {
+      std::shared_ptr<store::PoolDirectory> directory = std::move(*dir);
+      co.extra_metrics = [directory](serving::BackendStats* s) {
+        auto m = directory->MasterStats(store::Clock::now() + std::chrono::milliseconds(300));
+        AddPoolMasterMetrics(m.ok() ? &*m : nullptr, s);
+      };
+    }
   }
   auto conductor = conductor::Conductor::Start(co);
   if (!conductor.ok()) {

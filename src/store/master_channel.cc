@@ -67,6 +67,15 @@ StatusOr<std::pair<std::string, int>> MasterChannel::Master() {
 
 StatusOr<json> MasterChannel::Call(const std::string& path, const json& body,
                                    Clock::time_point deadline) {
+  return Send("POST", path, body.dump(), deadline);
+}
+
+StatusOr<json> MasterChannel::Get(const std::string& path, Clock::time_point deadline) {
+  return Send("GET", path, std::string(), deadline);
+}
+
+StatusOr<json> MasterChannel::Send(const char* method, const std::string& path,
+                                   const std::string& text, Clock::time_point deadline) {
   {
     MutexLock lock(&mu_);
     if (Clock::now() < no_master_until_) {
@@ -83,9 +92,10 @@ StatusOr<json> MasterChannel::Call(const std::string& path, const json& body,
   if (until <= Clock::now()) return DeadlineExceeded("pool call " + path + " out of time");
   httplib::Client client(master->first, master->second);
   SetHttpClientDeadline(client, until, rpc_timeout_, rpc_timeout_);
-  const std::string text = body.dump();
-  const ClusterCallHeaders signed_call = SignClusterCall("POST", path, text);
-  httplib::Result res = client.Post(path, signed_call.headers, text, "application/json");
+  const ClusterCallHeaders signed_call = SignClusterCall(method, path, text);
+  httplib::Result res = std::string(method) == "GET"
+                            ? client.Get(path, signed_call.headers)
+                            : client.Post(path, signed_call.headers, text, "application/json");
   const std::string peer = "pool master " + master->first + ":" + std::to_string(master->second);
   if (!res) {
     NoMaster();

@@ -35,10 +35,16 @@ class MasterChannel {
   // POSTs `body` to `path`; the reply's JSON object, or the master's error as a status.
   StatusOr<nlohmann::json> Call(const std::string& path, const nlohmann::json& body,
                                 Clock::time_point deadline) TANDEM_EXCLUDES(mu_);
+  // GETs `path` (e.g. /pool/stats); the reply's JSON object.
+  StatusOr<nlohmann::json> Get(const std::string& path, Clock::time_point deadline)
+      TANDEM_EXCLUDES(mu_);
   // Calls that found no master so far.
   uint64_t unavailable() const TANDEM_EXCLUDES(mu_);
 
  private:
+  StatusOr<nlohmann::json> Send(const char* method, const std::string& path,
+                                const std::string& text, Clock::time_point deadline)
+      TANDEM_EXCLUDES(mu_);
   StatusOr<std::pair<std::string, int>> Master() TANDEM_EXCLUDES(mu_);
   void NoMaster() TANDEM_EXCLUDES(mu_);
 

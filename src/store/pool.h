@@ -141,6 +141,14 @@ class PoolClient {
   virtual PoolClientStats Stats() const = 0;
 };
 
+// What the master reports of itself (GET /pool/stats), for metrics.
+struct PoolMasterStats {
+  uint64_t capacity = 0, used = 0, objects = 0;
+  std::vector<SegmentUsage> segments;
+  MasterCounters counters;
+  uint64_t journal_failures = 0;
+};
+
 // The pool as a scheduler sees it: which prefix of a prompt's blocks the pool holds, asked of
 // the master (Exist; no data moves, no lease). The conductor uses it to predict what a prefill
 // worker will fetch instead of compute. Thread-safe.
@@ -159,6 +167,8 @@ class PoolDirectory {
   virtual StatusOr<int> HeldPrefix(const std::vector<std::string>& keys,
                                    Clock::time_point deadline) = 0;
   virtual uint64_t master_unavailable() const = 0;  // calls that found no master
+  // The master's own figures (a standalone master's, for the conductor's /metrics).
+  virtual StatusOr<PoolMasterStats> MasterStats(Clock::time_point deadline) = 0;
 };
 
 }  // namespace tandem::store

@@ -90,6 +90,14 @@ class PoolAcrossProcesses(ProcessCluster, unittest.TestCase):
             m = scrape(http_port)
             self.assertGreater(metric(m, "tandem_kv_pool_hit_blocks_total", role="prefill"), 0)
             self.assertEqual(metric(m, "tandem_kv_pool_checksum_failures_total", role="prefill"), 0)
+            # The conductor shows the standalone master's figures: the one now serving restored
+            # the journal, and the storage node's segment holds the blocks.
+            self.assertEqual(metric(m, "tandem_kv_pool_master_up"), 1)
+            self.assertGreater(metric(m, "tandem_kv_pool_restored_objects_total"), 0)
+            store_used = [v for k, v in m.items()
+                          if k.startswith("tandem_kv_pool_segment_used_bytes") and "store-a" in k]
+            self.assertEqual(len(store_used), 1, m)
+            self.assertGreater(store_used[0], 0)
         except AssertionError:
             raise AssertionError(self.logs())
 
