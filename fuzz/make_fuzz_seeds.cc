@@ -3,15 +3,19 @@
 // Llama with a byte-level BPE vocabulary and a ChatML template, a Gemma 3 with a SentencePiece
 // vocabulary and byte tokens, one tensor each), DIR/worker_protocol (each control-protocol
 // document as the code serializes it, with its selector byte) and DIR/tcp_listener (framed
-// write, read and notify messages for the fuzzer's one segment "seg").
-//   make_fuzz_seeds DIR   (DIR/gguf, DIR/worker_protocol and DIR/tcp_listener must exist)
+// write, read and notify messages for the fuzzer's one segment "seg") and DIR/ssd_tier (a block
+// file as the SSD tier writes it).
+//   make_fuzz_seeds DIR   (DIR/gguf, DIR/worker_protocol, DIR/tcp_listener and DIR/ssd_tier
+//                          must exist)
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "cluster/protocol.h"
 #include "model/gguf_writer.h"
+#include "store/ssd_tier.h"
 #include "transfer/tcp_transport_wire_internal.h"
 #include "transfer/transfer_engine.h"
 
@@ -198,6 +202,29 @@ std::vector<std::string> TcpSeeds() {
 
 }  // namespace
 
+// A block file of the SSD tier as the tier writes it: key "ns/k" (fuzz_ssd_tier's key), 64
+// bytes, written by a real SsdTier, copied to DIR/seed.
+bool SsdSeed(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::path(dir) / "tier";
+  auto tier = tandem::store::SsdTier::Open({tmp.string(), 1 << 20});
+  if (!tier.ok()) return false;
+  std::vector<uint8_t> bytes(64);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+  if (!(*tier)->Offer("ns/k", bytes.data(), bytes.size())) return false;
+  (*tier)->Flush();
+  tier->reset();
+  bool copied = false;
+  for (const auto& e : fs::directory_iterator(tmp)) {
+    if (e.path().extension() != ".kv") continue;
+    std::error_code ec;
+    fs::copy_file(e.path(), fs::path(dir) / "seed", fs::copy_options::overwrite_existing, ec);
+    copied = !ec;
+  }
+  fs::remove_all(tmp);
+  return copied;
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_fuzz_seeds DIR\n");
@@ -220,6 +247,7 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < tcp.size(); ++i) {
     ok = ok && WriteBytes(dir + "/tcp_listener/seed" + std::to_string(i), tcp[i]);
   }
+  ok = ok && SsdSeed(dir + "/ssd_tier");
   if (!ok) std::fprintf(stderr, "make_fuzz_seeds: cannot write under %s\n", dir.c_str());
   return ok ? 0 : 1;
 }

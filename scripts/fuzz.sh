@@ -22,7 +22,7 @@ while (($#)); do
   esac
 done
 all=(fuzz_openai_request fuzz_worker_protocol fuzz_metadata_http fuzz_tcp_listener fuzz_gguf
-     fuzz_tokenizer fuzz_chat_template fuzz_json_schema)
+     fuzz_tokenizer fuzz_chat_template fuzz_json_schema fuzz_pool_master fuzz_ssd_tier)
 ((${#harnesses[@]})) || harnesses=("${all[@]}")
 
 B=build-fuzz
@@ -36,7 +36,8 @@ if ! cmake --build "$B" --target fuzzers -j"$(nproc)" >"$B/build.log" 2>&1; then
   exit 1
 fi
 
-mkdir -p "$B/seeds/gguf" "$B/seeds/worker_protocol" "$B/seeds/tcp_listener" "$B/crashes" "$B/logs"
+mkdir -p "$B/seeds/gguf" "$B/seeds/worker_protocol" "$B/seeds/tcp_listener" "$B/seeds/ssd_tier" \
+  "$B/crashes" "$B/logs"
 "$B/fuzz/make_fuzz_seeds" "$B/seeds"
 
 run_one() {
@@ -48,7 +49,7 @@ run_one() {
   done
   local dict=()
   case "$name" in
-    openai_request|worker_protocol|metadata_http|json_schema) dict=(-dict=fuzz/json.dict) ;;
+    openai_request|worker_protocol|metadata_http|json_schema|pool_master) dict=(-dict=fuzz/json.dict) ;;
   esac
   # -rss_limit_mb: the tokenizer harness holds Gemma's 262k-token vocabulary under ASan.
   "$B/fuzz/$h" "${dict[@]}" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=6144 \

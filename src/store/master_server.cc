@@ -25,10 +25,9 @@
 #include <thread>
 
 #include "common/http.h"
-#include "common/http_status.h"
-#include "common/json_numbers.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "store/master_calls_internal.h"
 #include "store/pool.h"
 #include "store/pool_protocol_internal.h"
 #include "transfer/metadata.h"
@@ -49,57 +48,20 @@ class MasterServerImpl final : public PoolMasterServer {
  public:
   explicit MasterServerImpl(PoolMasterOptions options)
       : options_(options), state_(WithJournal(options)) {
-    Route("/pool/mount", [this](const json& b) { return Mount(b); });
-    Route("/pool/unmount", [this](const json& b) -> StatusOr<json> {
-      MutexLock lock(&mu_);
-      state_.Unmount(b.at("segment").get<std::string>());
-      return json::object();
-    });
-    Route("/pool/put_start", [this](const json& b) { return PutStart(b); });
-    Route("/pool/put_end", [this](const json& b) -> StatusOr<json> {
-      const auto keys = internal::KeysOf(b);
-      const auto ok = b.at("ok").get<std::vector<bool>>();
-      const auto checksums = b.at("checksums").get<std::vector<uint64_t>>();
-      if (ok.size() != keys.size() || checksums.size() != keys.size()) {
-        return InvalidArgument("keys, ok and checksums differ in length");
-      }
-      MutexLock lock(&mu_);
-      state_.PutEnd(keys, ok, checksums);
-      return json::object();
-    });
-    Route("/pool/replica_end", [this](const json& b) -> StatusOr<json> {
-      MutexLock lock(&mu_);
-      state_.ReplicaEnd(b.at("key").get<std::string>(), b.at("segment").get<std::string>(),
-                        b.at("ok").get<bool>());
-      return json::object();
-    });
-    Route("/pool/get", [this](const json& b) -> StatusOr<json> {
-      const auto keys = internal::KeysOf(b);
-      const int64_t lease_ms = b.at("lease_ms").get<int64_t>();
-      if (lease_ms < 0 || lease_ms > 600000) return InvalidArgument("lease_ms not in 0..600000");
-      const Clock::time_point now = Clock::now();
-      MutexLock lock(&mu_);
-      json objects = json::array();
-      for (const FoundObject& f : state_.GetPrefix(keys, now, now + milliseconds(lease_ms))) {
-        objects.push_back(internal::FoundToJson(f));
-      }
-      return json{{"objects", std::move(objects)}};
-    });
-    Route("/pool/exist", [this](const json& b) -> StatusOr<json> {
-      const auto keys = internal::KeysOf(b);
-      MutexLock lock(&mu_);
-      return json{{"exist", state_.Exist(keys)}};
-    });
-    Route("/pool/remove", [this](const json& b) -> StatusOr<json> {
-      const auto keys = internal::KeysOf(b);
-      MutexLock lock(&mu_);
-      return json{{"removed", state_.Remove(keys, Clock::now())}};
-    });
-    Route("/pool/bad_replica", [this](const json& b) -> StatusOr<json> {
-      MutexLock lock(&mu_);
-      state_.ReportBadReplica(b.at("key").get<std::string>(), b.at("segment").get<std::string>());
-      return json::object();
-    });
+    for (const char* path :
+         {"/pool/mount", "/pool/unmount", "/pool/put_start", "/pool/put_end", "/pool/replica_end",
+          "/pool/get", "/pool/exist", "/pool/remove", "/pool/bad_replica"}) {
+      server_.Post(path,
+                   ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                     internal::MasterReply reply;
+                     {
+                       MutexLock lock(&mu_);
+                       reply = internal::MasterCall(state_, req.path, req.body, Clock::now());
+                     }
+                     res.status = reply.http_status;
+                     res.set_content(reply.body, "application/json");
+                   }));
+    }
     server_.Get("/pool/stats", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(StatsJson().dump(), "application/json");
     });
@@ -158,63 +120,6 @@ class MasterServerImpl final : public PoolMasterServer {
   uint64_t JournalFailures() const override { return journal_failures_.load(); }
 
  private:
-  using Handler = std::function<StatusOr<json>(const json&)>;
-
-  void Route(const char* path, Handler handler) {
-    server_.Post(path,
-                 ClusterBodyChecked([handler](const httplib::Request& req, httplib::Response& res) {
-                   const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-                   StatusOr<json> reply = InvalidArgument("request body must be a JSON object");
-                   if (body.is_object() && !JsonFloatsBounded(body)) {
-                     reply = InvalidArgument("request body: a number is out of range");
-                   } else if (body.is_object()) {
-                     try {
-                       reply = handler(body);
-                     } catch (const json::exception& e) {  // a field missing or of the wrong type
-                       reply = InvalidArgument(std::string("bad request: ") + e.what());
-                     }
-                   }
-                   res.status = HttpStatusFor(reply.status().code());
-                   const json out = reply.ok() ? *reply : json{{"error", reply.status().message()}};
-                   // Error texts may quote the caller's bytes: ill-formed UTF-8 is replaced, never
-                   // a throw.
-                   res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace),
-                                   "application/json");
-                 }));
-  }
-
-  StatusOr<json> Mount(const json& b) {
-    const int64_t ttl_ms = b.at("ttl_ms").get<int64_t>();
-    const int64_t capacity = b.at("capacity").get<int64_t>();
-    if (ttl_ms <= 0 || ttl_ms > 600000) return InvalidArgument("ttl_ms not in 1..600000");
-    if (capacity <= 0) return InvalidArgument("capacity must be positive");
-    MutexLock lock(&mu_);
-    TANDEM_RETURN_IF_ERROR(
-        state_.Mount(b.at("segment").get<std::string>(), b.at("node").get<std::string>(),
-                     static_cast<uint64_t>(capacity), Clock::now() + milliseconds(ttl_ms)));
-    return json::object();
-  }
-
-  StatusOr<json> PutStart(const json& b) {
-    const auto keys = internal::KeysOf(b);
-    const int64_t size = b.at("size").get<int64_t>();
-    const int replicas = b.at("replicas").get<int>();
-    const int64_t ttl_ms = b.at("ttl_ms").get<int64_t>();
-    if (size <= 0) return InvalidArgument("size must be positive");
-    if (replicas < 1 || replicas > 16) return InvalidArgument("replicas not in 1..16");
-    if (ttl_ms <= 0 || ttl_ms > 600000) return InvalidArgument("ttl_ms not in 1..600000");
-    const Clock::time_point now = Clock::now();
-    MutexLock lock(&mu_);
-    json results = json::array();
-    for (const PutReservation& r :
-         state_.PutStart(keys, static_cast<uint64_t>(size), replicas,
-                         b.at("node").get<std::string>(), now, now + milliseconds(ttl_ms))) {
-      results.push_back({{"decision", internal::DecisionName(r.decision)},
-                         {"locations", internal::LocationsToJson(r.locations)}});
-    }
-    return json{{"results", std::move(results)}};
-  }
-
   json StatsJson() const {
     MutexLock lock(&mu_);
     json segments = json::array();
