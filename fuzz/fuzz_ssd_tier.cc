@@ -30,8 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   char name[24];
   std::snprintf(name, sizeof(name), "%016llx.kv",
                 static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
-  std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(data),
-                                                    static_cast<std::streamsize>(size));
+  std::ofstream(dir / name, std::ios::binary)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   if (size > 0 && data[0] % 2 == 1) std::ofstream(dir / "0000000000000000.kv.tmp") << "torn";
   constexpr uint64_t kCapacity = 1 << 20;
   auto tier = tandem::store::SsdTier::Open({dir.string(), kCapacity});

@@ -31,6 +31,11 @@ void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& p) {
   cmd->add_option("--planner-low", p.low, "A pool gives a worker only while its load is below this")
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
+  cmd->add_option("--planner-hook", p.hook,
+                  "Command (run with /bin/sh) that asks an external orchestrator for a worker "
+                  "more or fewer when moving roles cannot help: TANDEM_PLANNER_REQUEST="
+                  "add_prefill|add_decode|remove, TANDEM_PLANNER_WORKER, loads and pool sizes in "
+                  "its environment; at most once per --planner-dwell-s");
 }
 
 void AddModelFlag(CLI::App* cmd, std::string& model) {

@@ -37,8 +37,10 @@ struct PlannerKnobs {
   double dwell_s = 10.0;
   double high = 0.7;
   double low = 0.35;
+  std::string hook;  // orchestrator command (conductor/conductor.h planner_hook)
 };
-// --elastic, --planner-interval-s, --planner-dwell-s, --planner-high, --planner-low.
+// --elastic, --planner-interval-s, --planner-dwell-s, --planner-high, --planner-low,
+// --planner-hook.
 void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
 
 // --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s.

@@ -452,6 +452,7 @@ int RunServe(const ServeFlags& f) {
   co.planner.dwell_s = f.planner.dwell_s;
   co.planner.high = f.planner.high;
   co.planner.low = f.planner.low;
+  co.planner_hook = f.planner.hook;
   if (f.planner.low >= f.planner.high) {
     std::fprintf(stderr, "error: --planner-low must be below --planner-high\n");
     return 2;

@@ -1,5 +1,7 @@
 #include "conductor/conductor.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -11,6 +13,7 @@
 
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/subprocess.h"
 #include "conductor/cluster_view.h"
 #include "conductor/metrics.h"
 #include "conductor/worker_client.h"
@@ -564,9 +567,13 @@ class ConductorImpl final : public Conductor {
         names.push_back(name);
       }
     }
+    ReapPlannerHooks();
     const PlannerDecision d = conductor::PlanPools(in, options_.planner);
     metrics_.PlannerDecided(PlannerActionName(d.action), d.reason, d.prefill_workers,
                             d.decode_workers);
+    if (d.scale != PlannerDecision::Scale::kNone) {
+      RunPlannerHook(d, d.scale_worker >= 0 ? names[d.scale_worker] : std::string());
+    }
     if (d.action == PlannerDecision::Action::kNone) {
       log_->debug("planner: no change ({}): {}", d.reason, d.detail);
       return;
@@ -576,6 +583,55 @@ class ConductorImpl final : public Conductor {
     log_->info("planner: {} to {} ({}: {})", names[d.worker], cluster::RoleName(to), d.reason,
                d.detail);
     (void)ChangeRole(names[d.worker], to, d.reason);  // a failure is logged; retried next time
+  }
+
+  // Runs --planner-hook for a scale request (at most once per dwell time), without waiting:
+  // a thread reaps it and counts its outcome.
+  void RunPlannerHook(const PlannerDecision& d, const std::string& worker) TANDEM_EXCLUDES(mu_) {
+    if (options_.planner_hook.empty()) return;
+    const auto now = Clock::now();
+    {
+      MutexLock lock(&mu_);
+      if (last_hook_ != Clock::time_point{} &&
+          Seconds(now - last_hook_) < options_.planner.dwell_s) {
+        return;
+      }
+      last_hook_ = now;
+    }
+    const std::string request = PlannerScaleName(d);
+    SpawnOptions so;
+    so.argv = {"/bin/sh", "-c", options_.planner_hook};
+    so.env = {{"TANDEM_PLANNER_REQUEST", request},
+              {"TANDEM_PLANNER_WORKER", worker},
+              {"TANDEM_PLANNER_PREFILL_LOAD", fmt::format("{:.3f}", d.prefill_load)},
+              {"TANDEM_PLANNER_DECODE_LOAD", fmt::format("{:.3f}", d.decode_load)},
+              {"TANDEM_PLANNER_PREFILL_WORKERS", std::to_string(d.prefill_workers)},
+              {"TANDEM_PLANNER_DECODE_WORKERS", std::to_string(d.decode_workers)}};
+    log_->info("planner: asking the orchestrator to {}{} ({})", request,
+               worker.empty() ? "" : " " + worker, d.detail);
+    auto child = Spawn(so);
+    if (!child.ok()) {
+      log_->warn("planner hook did not start: {}", child.status().ToString());
+      metrics_.HookCalled(request, "failed");
+      return;
+    }
+    hooks_running_.emplace_back(child->pid, request);
+  }
+
+  // Counts the hook runs that ended (planner thread; never waits).
+  void ReapPlannerHooks() {
+    for (auto it = hooks_running_.begin(); it != hooks_running_.end();) {
+      int status = 0;
+      const pid_t done = ::waitpid(it->first, &status, WNOHANG);
+      if (done == 0) {
+        ++it;
+        continue;
+      }
+      const bool ok = done == it->first && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      metrics_.HookCalled(it->second, ok ? "ok" : "failed");
+      if (!ok) log_->warn("planner hook for {} failed (wait status {})", it->second, status);
+      it = hooks_running_.erase(it);
+    }
   }
 
   void JoinFinishedThreads() TANDEM_EXCLUDES(mu_) {
@@ -958,6 +1014,8 @@ class ConductorImpl final : public Conductor {
   ConductorMetrics metrics_;                              // thread-safe
   std::unique_ptr<store::PoolDirectory> pool_directory_;  // set at construction; thread-safe
   Clock::time_point last_role_change_ TANDEM_GUARDED_BY(mu_) = {};  // any worker's, by us
+  Clock::time_point last_hook_ TANDEM_GUARDED_BY(mu_) = {};         // --planner-hook's last run
+  std::vector<std::pair<pid_t, std::string>> hooks_running_;  // planner thread only: pid, request
   // Requests that arrived since the planner's last decision, and those refused for an SLO.
   int64_t arrivals_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;
   int64_t ttft_rejected_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;

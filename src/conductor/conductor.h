@@ -60,6 +60,13 @@ struct ConductorOptions {
   bool elastic = false;
   PlannerOptions planner;
   std::chrono::milliseconds planner_interval{1000};
+  // An external orchestrator (several hosts): when the planner finds that role moves cannot
+  // give what the load needs (PlannerDecision::Scale), this command is run with /bin/sh, at
+  // most once per planner dwell time, with TANDEM_PLANNER_REQUEST=add_prefill|add_decode|remove,
+  // TANDEM_PLANNER_WORKER (remove: the worker that may go; it holds no stream),
+  // TANDEM_PLANNER_PREFILL_LOAD, TANDEM_PLANNER_DECODE_LOAD, TANDEM_PLANNER_PREFILL_WORKERS and
+  // TANDEM_PLANNER_DECODE_WORKERS in its environment; its exit status is counted. Empty: none.
+  std::string planner_hook;
   // Global cache-aware placement: before placing a request, ask the cluster KV pool's master how
   // much of the prompt the pool holds (one call, bounded by 100 ms); a prefill worker that uses
   // the pool is predicted to fetch that prefix instead of computing it.

@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
@@ -442,6 +445,41 @@ TEST_F(ConductorTest, APrefillWorkerThatReadsThePoolIsPredictedToFetchWhatThePoo
   ASSERT_TRUE(c2->Submit(Request("r2", 320, 3), sink2).ok());
   EXPECT_EQ(sink2->Wait().reason, serving::FinishReason::kLength);
   EXPECT_EQ(p0.prefills.load(), 1);
+}
+
+// --planner-hook: with both pools idle the planner offers an idle worker for removal, and the
+// conductor runs the orchestrator's command with the request in its environment (at most once
+// per dwell time), counting how it ended.
+TEST_F(ConductorTest, ThePlannerAsksTheOrchestratorHookToRemoveAnIdleWorker) {
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
+  FakeWorker d1(md_, &board_, "decode-1", Role::kDecode);
+  const std::string out = ::testing::TempDir() + "/planner-hook-" + std::to_string(::getpid());
+  std::remove(out.c_str());
+  ConductorOptions o;
+  o.elastic = true;
+  o.planner_interval = 20ms;
+  o.planner.dwell_s = 0.5;
+  o.planner_hook =
+      "echo \"$TANDEM_PLANNER_REQUEST $TANDEM_PLANNER_WORKER "
+      "$TANDEM_PLANNER_DECODE_WORKERS\" >> '" +
+      out + "'";
+  auto c = Start(o, 0, 2);
+  std::string lines;
+  for (auto until = Clock::now() + 10s; Clock::now() < until;) {
+    std::ifstream in(out);
+    lines.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (Metric(c->Stats(), "tandem_planner_hook_calls_total", {"outcome", "ok"}) >= 1) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(lines.substr(0, lines.find('\n')), "remove decode-0 2") << lines;
+  EXPECT_GE(Metric(c->Stats(), "tandem_planner_hook_calls_total", {"request", "remove"}), 1);
+  // At most once per dwell time: in ~0.6 s, at most two runs.
+  std::this_thread::sleep_for(600ms);
+  std::ifstream in(out);
+  int runs = 0;
+  for (std::string line; std::getline(in, line);) ++runs;
+  EXPECT_LE(runs, 3);
+  std::remove(out.c_str());
 }
 
 }  // namespace

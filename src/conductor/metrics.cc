@@ -83,6 +83,11 @@ void ConductorMetrics::RoleSwitched(const std::string& from, const std::string& 
   role_switches_[{from, to}]++;
 }
 
+void ConductorMetrics::HookCalled(const std::string& request, const std::string& outcome) {
+  MutexLock lock(&mu_);
+  hook_calls_[{request, outcome}]++;
+}
+
 void ConductorMetrics::ObservePrediction(double predicted_ttft, double measured_ttft,
                                          double predicted_tbt, double measured_tbt) {
   if (predicted_ttft > 0 && measured_ttft > 0) {
@@ -326,6 +331,15 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                           true,
                           {{"action", key.first}, {"reason", key.second}},
                           double(n)});
+    }
+    for (const auto& [key, n] : hook_calls_) {
+      s->extra.push_back(
+          {"tandem_planner_hook_calls_total",
+           "Runs of the orchestrator hook (--planner-hook), by request (add_prefill, "
+           "add_decode, remove) and outcome (ok: exit status 0, failed).",
+           true,
+           {{"request", key.first}, {"outcome", key.second}},
+           double(n)});
     }
     for (const auto& [key, n] : role_switches_) {
       s->extra.push_back({"tandem_role_switches_total",

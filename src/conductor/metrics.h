@@ -60,6 +60,9 @@ class ConductorMetrics {
   void PlannerDecided(const std::string& action, const std::string& reason, int target_prefill,
                       int target_decode) TANDEM_EXCLUDES(mu_);
   void RoleSwitched(const std::string& from, const std::string& to) TANDEM_EXCLUDES(mu_);
+  // The orchestrator hook was run for `request` (add_prefill, add_decode, remove) and ended
+  // with `outcome` (ok, failed).
+  void HookCalled(const std::string& request, const std::string& outcome) TANDEM_EXCLUDES(mu_);
 
   std::atomic<int64_t> disaggregated{0};
   std::atomic<int64_t> fallbacks{0};
@@ -80,6 +83,7 @@ class ConductorMetrics {
   std::map<std::string, int64_t> prefill_tokens_ TANDEM_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, int64_t> planner_decisions_ TANDEM_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, int64_t> role_switches_ TANDEM_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, int64_t> hook_calls_ TANDEM_GUARDED_BY(mu_);
   int target_prefill_ TANDEM_GUARDED_BY(mu_) = -1;  // -1: no planner decision yet
   int target_decode_ TANDEM_GUARDED_BY(mu_) = -1;
   int64_t slo_met_ TANDEM_GUARDED_BY(mu_) = 0;

@@ -35,6 +35,35 @@ int Candidate(const PlannerInput& in, WorkerRole role, double dwell_s) {
 
 }  // namespace
 
+namespace {
+
+// A worker that could leave the cluster (PlannerDecision::kRemove), or -1.
+int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefill, int n_decode,
+                    double prefill_load, double decode_load) {
+  auto idle = [&](const PlannerWorker& w) {
+    return w.healthy && w.since_switch_s >= o.dwell_s && w.decoding == 0 && w.seq_used == 0 &&
+           w.prefill_queue_s == 0;
+  };
+  // The pool with the lower load gives, if it keeps its minimum and stays below high.
+  const bool prefill_can = n_prefill > o.min_prefill && n_prefill > 1 &&
+                           prefill_load * n_prefill / (n_prefill - 1) < o.high;
+  const bool decode_can =
+      n_decode > o.min_decode && n_decode > 1 && decode_load * n_decode / (n_decode - 1) < o.high;
+  for (const bool prefill_first : {prefill_load <= decode_load, prefill_load > decode_load}) {
+    const bool can = prefill_first ? prefill_can : decode_can;
+    if (!can) continue;
+    for (size_t i = 0; i < in.workers.size(); ++i) {
+      const PlannerWorker& w = in.workers[i];
+      const bool in_pool =
+          prefill_first ? w.role == WorkerRole::kPrefill : w.role == WorkerRole::kDecode;
+      if (in_pool && idle(w)) return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
 const char* PlannerActionName(Action a) {
   switch (a) {
     case Action::kNone: return "none";
@@ -42,6 +71,16 @@ const char* PlannerActionName(Action a) {
     case Action::kToDecode: return "to_decode";
   }
   return "unknown";
+}
+
+std::string PlannerScaleName(const PlannerDecision& d) {
+  switch (d.scale) {
+    case PlannerDecision::Scale::kNone: return "none";
+    case PlannerDecision::Scale::kAdd:
+      return d.scale_role == WorkerRole::kPrefill ? "add_prefill" : "add_decode";
+    case PlannerDecision::Scale::kRemove: return "remove";
+  }
+  return "none";
 }
 
 PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
@@ -79,14 +118,24 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
     return fmt::format("prefill load {:.2f} over {} workers, decode load {:.2f} over {}",
                        d.prefill_load, n_prefill, d.decode_load, n_decode);
   };
+  const bool wants_prefill = d.prefill_load > o.high;
+  const bool wants_decode = d.decode_load > o.high;
   auto none = [&](const char* reason) {
     d.reason = reason;
     d.detail = figures();
+    const std::string r = reason;
+    if ((r == "both_loaded" || r == "min_pool") && (wants_prefill || wants_decode)) {
+      d.scale = PlannerDecision::Scale::kAdd;
+      d.scale_role = wants_prefill && (!wants_decode || d.prefill_load >= d.decode_load)
+                         ? WorkerRole::kPrefill
+                         : WorkerRole::kDecode;
+    } else if (r == "balanced" && d.prefill_load < o.low && d.decode_load < o.low) {
+      d.scale_worker = RemoveCandidate(in, o, n_prefill, n_decode, d.prefill_load, d.decode_load);
+      if (d.scale_worker >= 0) d.scale = PlannerDecision::Scale::kRemove;
+    }
     return d;
   };
 
-  const bool wants_prefill = d.prefill_load > o.high;
-  const bool wants_decode = d.decode_load > o.high;
   if (wants_prefill == wants_decode) return none(wants_prefill ? "both_loaded" : "balanced");
   if (in.since_last_switch_s < o.dwell_s / 2) return none("dwell");
 

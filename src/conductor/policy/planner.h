@@ -80,7 +80,22 @@ struct PlannerDecision {
   std::string detail;  // a sentence with the figures, for the log
   double prefill_load = 0, decode_load = 0;
   int prefill_workers = 0, decode_workers = 0;  // pool sizes once the decision is carried out
+  // What moving roles cannot give, for an orchestrator that adds or removes machines:
+  //   kAdd     one more worker of `scale_role`: its pool is above high and the other pool
+  //            cannot spare one ("both_loaded", "min_pool"; with both above high, the pool
+  //            with the higher load);
+  //   kRemove  `scale_worker` could go: both pools below low, it has held its role for the
+  //            dwell time, holds no stream, no sequence placed and no queued prefill, and
+  //            both pools keep their minimum sizes and stay below high without it (the pool
+  //            with the lower load gives it).
+  enum class Scale { kNone, kAdd, kRemove };
+  Scale scale = Scale::kNone;
+  WorkerRole scale_role = WorkerRole::kPrefill;
+  int scale_worker = -1;  // kRemove: index into PlannerInput::workers
 };
+
+// "none", "add_prefill", "add_decode", "remove".
+std::string PlannerScaleName(const PlannerDecision& d);
 
 const char* PlannerActionName(PlannerDecision::Action a);  // "none", "to_prefill", "to_decode"
 

@@ -168,5 +168,57 @@ TEST(PlannerTest, MixedWorkersDecodeButAreNotMoved) {
   EXPECT_EQ(d.worker, 2);
 }
 
+using Scale = PlannerDecision::Scale;
+
+// What role moves cannot give: a pool above high whose partner cannot spare a worker asks an
+// orchestrator for one more worker of its role.
+TEST(PlannerTest, BothPoolsLoadedAskForAnotherWorker) {
+  // Prefill load 1.5 (6 s queued over 2 workers x 2 s), decode load 0.8: both above high.
+  auto d = PlanPools(
+      Cluster({Prefill("p0", 3, 0.9), Prefill("p1", 3, 0.9), Decode("d0", 8, 0.08, 0.5)}), {});
+  EXPECT_EQ(d.action, Action::kNone);
+  EXPECT_EQ(d.reason, "both_loaded");
+  EXPECT_EQ(d.scale, Scale::kAdd);
+  EXPECT_EQ(d.scale_role, WorkerRole::kPrefill);
+  EXPECT_EQ(PlannerScaleName(d), "add_prefill");
+  // The decode pool at its minimum (one worker) cannot give one to a loaded prefill pool; a
+  // loaded decode pool whose prefill partner is busy asks for a decode worker.
+  d = PlanPools(Cluster({Prefill("p0", 0, 0.9), Decode("d0", 8, 0.2, 0.9)}), {});
+  EXPECT_EQ(d.scale, Scale::kAdd);
+  EXPECT_EQ(d.scale_role, WorkerRole::kDecode);
+  EXPECT_EQ(PlannerScaleName(d), "add_decode");
+  // Balanced pools ask for nothing.
+  d = PlanPools(Cluster({Prefill("p0", 1, 0.5), Decode("d0", 4, 0.05, 0.5)}), {});
+  EXPECT_EQ(d.reason, "balanced");
+  EXPECT_EQ(d.scale, Scale::kNone);
+}
+
+// Both pools idle: an idle worker of the less loaded pool may leave, never one holding streams,
+// placed sequences or queued prefill work, nor one that changed role within the dwell time, and
+// never below a pool's minimum.
+TEST(PlannerTest, IdlePoolsOfferAWorkerThatHoldsNothing) {
+  PlannerWorker busy_decode = Decode("d0", 2, 0.02, 0.1);  // holds streams
+  PlannerWorker idle_decode = Decode("d1", 0, 0, 0);
+  auto d = PlanPools(Cluster({Prefill("p0", 0, 0.1), busy_decode, idle_decode}), {});
+  EXPECT_EQ(d.scale, Scale::kRemove);
+  ASSERT_EQ(d.scale_worker, 2);  // d1 (the last prefill worker is never offered)
+  // With two idle prefill workers and a busier decode pool, a prefill worker goes.
+  d = PlanPools(Cluster({Prefill("p0", 0, 0.1), Prefill("p1", 0, 0.0), Decode("d0", 2, 0.02, 0.2),
+                         Decode("d1", 0, 0, 0)}),
+                {});
+  EXPECT_EQ(d.scale, Scale::kRemove);
+  EXPECT_EQ(d.scale_worker, 0);
+  // Nothing idle enough: a worker that just changed role, or one with a placed sequence.
+  PlannerWorker fresh = Decode("d1", 0, 0, 0);
+  fresh.since_switch_s = 1;
+  PlannerWorker placed = Decode("d2", 0, 0, 0);
+  placed.seq_used = 0.1;
+  d = PlanPools(Cluster({busy_decode, fresh, placed}), {});
+  EXPECT_EQ(d.scale, Scale::kNone);
+  // One decode worker and no prefill worker: the minimum holds.
+  d = PlanPools(Cluster({Decode("d0", 0, 0, 0)}), {});
+  EXPECT_EQ(d.scale, Scale::kNone);
+}
+
 }  // namespace
 }  // namespace tandem::conductor
