@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "app_util.h"
 #include "cluster/supervisor.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "conductor/conductor.h"
 #include "engine/engine.h"
 #include "model/gguf.h"
@@ -151,6 +153,11 @@ CLI::App* AddServeCommand(CLI::App& app, ServeFlags& f) {
                   "Engine threads of each worker "
                   "(default: --threads divided among the workers, at least 1)")
       ->check(CLI::Range(1, 256));
+  cmd->add_option("--cores", f.cores,
+                  "Cores the workers may use in all: with --elastic the planner starts a worker "
+                  "(of --threads-per-worker threads) when a pool needs one and cores remain, and "
+                  "stops an idle one when both pools are idle (default: all cores)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--metadata", f.metadata,
                   "Metadata service for the workers (default: one served "
                   "by this process on loopback; or etcd://HOST:PORT)");
@@ -453,6 +460,19 @@ int RunServe(const ServeFlags& f) {
   co.planner.high = f.planner.high;
   co.planner.low = f.planner.low;
   co.planner_hook = f.planner.hook;
+  // Elastic pools on this host: the planner's requests to add or remove a worker, carried out
+  // below within --cores once the supervisor exists (and forgotten before it goes).
+  struct LocalScaler {
+    Mutex mu;
+    std::function<void(const std::string&, const std::string&)> act TANDEM_GUARDED_BY(mu);
+  };
+  auto scaler = std::make_shared<LocalScaler>();
+  if (f.planner.elastic && f.spawn_workers) {
+    co.on_scale = [scaler](const std::string& request, const std::string& worker) {
+      MutexLock lock(&scaler->mu);
+      if (scaler->act) scaler->act(request, worker);
+    };
+  }
   if (f.planner.low >= f.planner.high) {
     std::fprintf(stderr, "error: --planner-low must be below --planner-high\n");
     return 2;
@@ -527,11 +547,44 @@ int RunServe(const ServeFlags& f) {
       return 1;
     }
   }
+  {
+    const int cores = f.cores > 0 ? f.cores : DefaultThreads();
+    auto next_index = std::make_shared<std::map<std::string, int>>(
+        std::map<std::string, int>{{"prefill", prefill_workers}, {"decode", decode_workers}});
+    MutexLock lock(&scaler->mu);
+    scaler->act = [&, cores, next_index](const std::string& request, const std::string& worker) {
+      auto log = GetLogger("serve");
+      if (request == "remove") {
+        if (supervisor.Retire(worker, After(f.knobs.drain_timeout_s)).ok()) {
+          log->info("elastic pools: stopping idle worker {} (its {} cores back)", worker,
+                    worker_threads);
+        }
+        return;
+      }
+      const std::string role = request == "add_prefill" ? "prefill" : "decode";
+      if ((supervisor.active() + 1) * worker_threads > cores) {
+        log->info("elastic pools: the planner asks for a {} worker; no {} cores left within {}",
+                  role, worker_threads, cores);
+        return;
+      }
+      const int index = (*next_index)[role]++;
+      if (Status st = spawn(role, index); !st.ok()) {
+        log->warn("elastic pools: cannot start a {} worker: {}", role, st.ToString());
+      } else {
+        log->info("elastic pools: started {}-{} ({} threads)", role, index, worker_threads);
+      }
+    };
+  }
+  auto forget_scaler = [&] {
+    MutexLock lock(&scaler->mu);
+    scaler->act = nullptr;
+  };
   // Workers started elsewhere join when they are ready; until a decode worker has, requests get
   // 503 with the reason.
   if (Status st = (*conductor)->WaitForWorkers(prefill_workers, decode_workers, After(180));
       !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    forget_scaler();
     supervisor.StopAll(After(5));
     return 1;
   }
@@ -552,8 +605,11 @@ int RunServe(const ServeFlags& f) {
       ServeHttp(f, opts,
                 {front->tokenizer.get(), front->chat_template ? &*front->chat_template : nullptr,
                  front->chat_template_error},
-                conductor->get(), signals, description,
-                [&] { supervisor.StopAll(After(f.knobs.drain_timeout_s + 5)); });
+                conductor->get(), signals, description, [&] {
+                  forget_scaler();
+                  supervisor.StopAll(After(f.knobs.drain_timeout_s + 5));
+                });
+  forget_scaler();
   conductor->reset();
   return rc;
 }

@@ -36,6 +36,7 @@ struct ServeFlags {
   int prefill_workers = 1;
   int decode_workers = 1;
   int threads_per_worker = 0;  // 0: threads / (prefill + decode workers), at least 1
+  int cores = 0;               // elastic pools start workers only within it (0: all)
   std::string metadata;        // empty: an HTTP metadata service in this process
   bool spawn_workers = true;   // false for `tandem conductor`: workers run elsewhere
   // The cluster token (common/cluster_auth.h); empty: $TANDEM_CLUSTER_TOKEN, else `serve`

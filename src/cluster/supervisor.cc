@@ -50,6 +50,28 @@ Status Supervisor::Start(const ChildSpec& spec) {
   return OkStatus();
 }
 
+Status Supervisor::Retire(const std::string& name, std::chrono::steady_clock::time_point kill_at) {
+  MutexLock lock(&mu_);
+  auto it = children_.find(name);
+  if (it == children_.end() || it->second.retiring) return NotFound("no child '" + name + "'");
+  Child& c = it->second;
+  if (c.pid <= 0) {  // between a death and its restart: nothing to stop
+    children_.erase(it);
+    return OkStatus();
+  }
+  ::kill(c.pid, SIGTERM);
+  c.retiring = true;
+  c.kill_at = kill_at;
+  return OkStatus();
+}
+
+int Supervisor::active() const {
+  MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [name, c] : children_) n += c.retiring ? 0 : 1;
+  return n;
+}
+
 pid_t Supervisor::PidOf(const std::string& name) const {
   MutexLock lock(&mu_);
   auto it = children_.find(name);
@@ -71,6 +93,25 @@ void Supervisor::Loop() {
       MutexLock lock(&mu_);
       if (stopping_) return;
       const auto now = std::chrono::steady_clock::now();
+      for (auto it = children_.begin(); it != children_.end();) {
+        Child& c = it->second;
+        if (!c.retiring) {
+          ++it;
+          continue;
+        }
+        int status = 0;
+        const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+        if (r == 0 && now < c.kill_at) {
+          ++it;
+          continue;
+        }
+        if (r == 0) {  // past its drain time
+          ::kill(c.pid, SIGKILL);
+          ::waitpid(c.pid, &status, 0);
+        }
+        log->info("worker {} (pid {}) retired: {}", it->first, c.pid, Describe(status));
+        it = children_.erase(it);
+      }
       for (auto& [name, c] : children_) {
         if (c.pid > 0) {
           int status = 0;

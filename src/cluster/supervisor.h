@@ -36,6 +36,13 @@ class Supervisor {
 
   // Starts the child and keeps it running until StopAll.
   Status Start(const ChildSpec& spec) TANDEM_EXCLUDES(mu_);
+  // Stops a child for good (elastic pools give its cores back): SIGTERM now (it drains), SIGKILL
+  // at `kill_at` if it is still there; never restarted; forgotten once reaped (its name may then
+  // be started again). NotFound for an unknown name.
+  Status Retire(const std::string& name, std::chrono::steady_clock::time_point kill_at)
+      TANDEM_EXCLUDES(mu_);
+  // Children started and not retired.
+  int active() const TANDEM_EXCLUDES(mu_);
   // The child's current pid (0 while it is being restarted).
   pid_t PidOf(const std::string& name) const TANDEM_EXCLUDES(mu_);
   int restarts(const std::string& name) const TANDEM_EXCLUDES(mu_);
@@ -48,6 +55,8 @@ class Supervisor {
     pid_t pid = 0;
     int restarts = 0;
     std::chrono::steady_clock::time_point restart_at{};
+    bool retiring = false;                            // Retire: reaped, never restarted
+    std::chrono::steady_clock::time_point kill_at{};  // retiring: SIGKILL then
   };
   static StatusOr<pid_t> Spawn(const ChildSpec& spec);
   void Loop() TANDEM_EXCLUDES(mu_);

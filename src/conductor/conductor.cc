@@ -588,7 +588,7 @@ class ConductorImpl final : public Conductor {
   // Runs --planner-hook for a scale request (at most once per dwell time), without waiting:
   // a thread reaps it and counts its outcome.
   void RunPlannerHook(const PlannerDecision& d, const std::string& worker) TANDEM_EXCLUDES(mu_) {
-    if (options_.planner_hook.empty()) return;
+    if (options_.planner_hook.empty() && !options_.on_scale) return;
     const auto now = Clock::now();
     {
       MutexLock lock(&mu_);
@@ -599,6 +599,8 @@ class ConductorImpl final : public Conductor {
       last_hook_ = now;
     }
     const std::string request = PlannerScaleName(d);
+    if (options_.on_scale) options_.on_scale(request, worker);
+    if (options_.planner_hook.empty()) return;
     SpawnOptions so;
     so.argv = {"/bin/sh", "-c", options_.planner_hook};
     so.env = {{"TANDEM_PLANNER_REQUEST", request},

@@ -67,6 +67,10 @@ struct ConductorOptions {
   // TANDEM_PLANNER_PREFILL_LOAD, TANDEM_PLANNER_DECODE_LOAD, TANDEM_PLANNER_PREFILL_WORKERS and
   // TANDEM_PLANNER_DECODE_WORKERS in its environment; its exit status is counted. Empty: none.
   std::string planner_hook;
+  // The same requests to whoever starts and stops workers on this host (`tandem serve` within
+  // --cores), at most once per dwell time: (request, worker) as for the hook. Called on the
+  // planner's thread without the conductor's lock. May be empty.
+  std::function<void(const std::string& request, const std::string& worker)> on_scale;
   // Global cache-aware placement: before placing a request, ask the cluster KV pool's master how
   // much of the prompt the pool holds (one call, bounded by 100 ms); a prefill worker that uses
   // the pool is predicted to fetch that prefix instead of computing it.

@@ -447,12 +447,13 @@ TEST_F(ConductorTest, APrefillWorkerThatReadsThePoolIsPredictedToFetchWhatThePoo
   EXPECT_EQ(p0.prefills.load(), 1);
 }
 
-// --planner-hook: with both pools idle the planner offers an idle worker for removal, and the
-// conductor runs the orchestrator's command with the request in its environment (at most once
-// per dwell time), counting how it ended.
+// --planner-hook: with both pools idle the planner offers an idle prefill worker for removal,
+// and the conductor runs the orchestrator's command with the request in its environment (at
+// most once per dwell time), counting how it ended.
 TEST_F(ConductorTest, ThePlannerAsksTheOrchestratorHookToRemoveAnIdleWorker) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill);
+  FakeWorker p1(md_, &board_, "prefill-1", Role::kPrefill);
   FakeWorker d0(md_, &board_, "decode-0", Role::kDecode);
-  FakeWorker d1(md_, &board_, "decode-1", Role::kDecode);
   const std::string out = ::testing::TempDir() + "/planner-hook-" + std::to_string(::getpid());
   std::remove(out.c_str());
   ConductorOptions o;
@@ -463,7 +464,7 @@ TEST_F(ConductorTest, ThePlannerAsksTheOrchestratorHookToRemoveAnIdleWorker) {
       "echo \"$TANDEM_PLANNER_REQUEST $TANDEM_PLANNER_WORKER "
       "$TANDEM_PLANNER_DECODE_WORKERS\" >> '" +
       out + "'";
-  auto c = Start(o, 0, 2);
+  auto c = Start(o, 2, 1);
   std::string lines;
   for (auto until = Clock::now() + 10s; Clock::now() < until;) {
     std::ifstream in(out);
@@ -471,7 +472,7 @@ TEST_F(ConductorTest, ThePlannerAsksTheOrchestratorHookToRemoveAnIdleWorker) {
     if (Metric(c->Stats(), "tandem_planner_hook_calls_total", {"outcome", "ok"}) >= 1) break;
     std::this_thread::sleep_for(20ms);
   }
-  EXPECT_EQ(lines.substr(0, lines.find('\n')), "remove decode-0 2") << lines;
+  EXPECT_EQ(lines.substr(0, lines.find('\n')), "remove prefill-0 1") << lines;
   EXPECT_GE(Metric(c->Stats(), "tandem_planner_hook_calls_total", {"request", "remove"}), 1);
   // At most once per dwell time: in ~0.6 s, at most two runs.
   std::this_thread::sleep_for(600ms);

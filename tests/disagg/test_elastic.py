@@ -103,5 +103,28 @@ class PlannerMovesAWorker(unittest.TestCase):
             server.stop()
 
 
+class IdlePrefillWorkerIsStopped(unittest.TestCase):
+    def test_an_idle_prefill_worker_gives_its_cores_back(self):
+        # Two prefill workers and one decode worker, all idle: the planner offers a prefill
+        # worker, the server stops it (its cores back within --cores); the decode pool stays,
+        # and requests are still served.
+        server = disaggregated("--elastic", "--prefill-workers", "2", "--threads-per-worker", "1",
+                               "--cores", "3", "--planner-interval-s", "0.25",
+                               "--planner-dwell-s", "1")
+        try:
+            wait_for(lambda: "elastic pools: stopping idle worker prefill-0" in server.log_text(),
+                     60, "an idle prefill worker to be stopped")
+            wait_for(lambda: metric(server.metrics(), "tandem_workers", role="prefill",
+                                    state="healthy") == 1, 60, "one prefill worker left")
+            m = server.metrics()
+            self.assertEqual(metric(m, "tandem_workers", role="decode", state="healthy"), 1)
+            self.assertEqual(metric(m, "tandem_worker_restarts_total"), 0)  # stopped, not restarted
+            body = requests_mix(2)[1]
+            self.assertTrue(text_of(post(server, "/v1/completions", body)))
+            self.assertIn("worker prefill-0", server.log_text())
+        finally:
+            server.stop()
+
+
 if __name__ == "__main__":
     unittest.main()

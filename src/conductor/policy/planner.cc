@@ -37,26 +37,18 @@ int Candidate(const PlannerInput& in, WorkerRole role, double dwell_s) {
 
 namespace {
 
-// A worker that could leave the cluster (PlannerDecision::kRemove), or -1.
-int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefill, int n_decode,
-                    double prefill_load, double decode_load) {
-  auto idle = [&](const PlannerWorker& w) {
-    return w.healthy && w.since_switch_s >= o.dwell_s && w.decoding == 0 && w.seq_used == 0 &&
-           w.prefill_queue_s == 0;
-  };
-  // The pool with the lower load gives, if it keeps its minimum and stays below high.
-  const bool prefill_can = n_prefill > o.min_prefill && n_prefill > 1 &&
-                           prefill_load * n_prefill / (n_prefill - 1) < o.high;
-  const bool decode_can =
-      n_decode > o.min_decode && n_decode > 1 && decode_load * n_decode / (n_decode - 1) < o.high;
-  for (const bool prefill_first : {prefill_load <= decode_load, prefill_load > decode_load}) {
-    const bool can = prefill_first ? prefill_can : decode_can;
-    if (!can) continue;
-    for (size_t i = 0; i < in.workers.size(); ++i) {
-      const PlannerWorker& w = in.workers[i];
-      const bool in_pool =
-          prefill_first ? w.role == WorkerRole::kPrefill : w.role == WorkerRole::kDecode;
-      if (in_pool && idle(w)) return static_cast<int>(i);
+// A prefill worker that could leave the cluster (PlannerDecision::kRemove), or -1. Only the
+// prefill pool shrinks: the decode pool stays resident (Mooncake's design; its workers hold
+// the streams).
+int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefill,
+                    double prefill_load) {
+  if (n_prefill <= std::max(1, o.min_prefill)) return -1;  // the last prefill worker stays
+  if (prefill_load * n_prefill / (n_prefill - 1) >= o.high) return -1;
+  for (size_t i = 0; i < in.workers.size(); ++i) {
+    const PlannerWorker& w = in.workers[i];
+    if (w.role == WorkerRole::kPrefill && w.healthy && w.since_switch_s >= o.dwell_s &&
+        w.prefill_queue_s == 0 && w.decoding == 0 && w.seq_used == 0) {
+      return static_cast<int>(i);
     }
   }
   return -1;
@@ -130,7 +122,7 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
                          ? WorkerRole::kPrefill
                          : WorkerRole::kDecode;
     } else if (r == "balanced" && d.prefill_load < o.low && d.decode_load < o.low) {
-      d.scale_worker = RemoveCandidate(in, o, n_prefill, n_decode, d.prefill_load, d.decode_load);
+      d.scale_worker = RemoveCandidate(in, o, n_prefill, d.prefill_load);
       if (d.scale_worker >= 0) d.scale = PlannerDecision::Scale::kRemove;
     }
     return d;

@@ -84,10 +84,10 @@ struct PlannerDecision {
   //   kAdd     one more worker of `scale_role`: its pool is above high and the other pool
   //            cannot spare one ("both_loaded", "min_pool"; with both above high, the pool
   //            with the higher load);
-  //   kRemove  `scale_worker` could go: both pools below low, it has held its role for the
-  //            dwell time, holds no stream, no sequence placed and no queued prefill, and
-  //            both pools keep their minimum sizes and stay below high without it (the pool
-  //            with the lower load gives it).
+  //   kRemove  prefill worker `scale_worker` could go: both pools below low, it has held
+  //            its role for the dwell time and holds no queued prefill, and the prefill pool
+  //            keeps its minimum (and at least one worker) and stays below high without it.
+  //            The decode pool stays resident (it holds the streams; roles move it).
   enum class Scale { kNone, kAdd, kRemove };
   Scale scale = Scale::kNone;
   WorkerRole scale_role = WorkerRole::kPrefill;

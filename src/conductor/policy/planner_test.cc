@@ -193,30 +193,25 @@ TEST(PlannerTest, BothPoolsLoadedAskForAnotherWorker) {
   EXPECT_EQ(d.scale, Scale::kNone);
 }
 
-// Both pools idle: an idle worker of the less loaded pool may leave, never one holding streams,
-// placed sequences or queued prefill work, nor one that changed role within the dwell time, and
-// never below a pool's minimum.
-TEST(PlannerTest, IdlePoolsOfferAWorkerThatHoldsNothing) {
-  PlannerWorker busy_decode = Decode("d0", 2, 0.02, 0.1);  // holds streams
-  PlannerWorker idle_decode = Decode("d1", 0, 0, 0);
-  auto d = PlanPools(Cluster({Prefill("p0", 0, 0.1), busy_decode, idle_decode}), {});
-  EXPECT_EQ(d.scale, Scale::kRemove);
-  ASSERT_EQ(d.scale_worker, 2);  // d1 (the last prefill worker is never offered)
-  // With two idle prefill workers and a busier decode pool, a prefill worker goes.
-  d = PlanPools(Cluster({Prefill("p0", 0, 0.1), Prefill("p1", 0, 0.0), Decode("d0", 2, 0.02, 0.2),
-                         Decode("d1", 0, 0, 0)}),
-                {});
-  EXPECT_EQ(d.scale, Scale::kRemove);
-  EXPECT_EQ(d.scale_worker, 0);
-  // Nothing idle enough: a worker that just changed role, or one with a placed sequence.
-  PlannerWorker fresh = Decode("d1", 0, 0, 0);
-  fresh.since_switch_s = 1;
-  PlannerWorker placed = Decode("d2", 0, 0, 0);
-  placed.seq_used = 0.1;
-  d = PlanPools(Cluster({busy_decode, fresh, placed}), {});
+// Both pools idle: an idle prefill worker may leave (the prefill pool shrinks with demand), never
+// the last one, nor one with queued work or that changed role within the dwell time; the
+// decode pool stays resident.
+TEST(PlannerTest, IdlePoolsOfferAnIdlePrefillWorker) {
+  // Two decode workers (one idle) and one prefill worker: nothing goes.
+  auto d = PlanPools(
+      Cluster({Prefill("p0", 0, 0.1), Decode("d0", 2, 0.02, 0.1), Decode("d1", 0, 0, 0)}), {});
+  EXPECT_EQ(d.reason, "balanced");
   EXPECT_EQ(d.scale, Scale::kNone);
-  // One decode worker and no prefill worker: the minimum holds.
-  d = PlanPools(Cluster({Decode("d0", 0, 0, 0)}), {});
+  // Two prefill workers: the idle one goes (p0 has queued work).
+  d = PlanPools(
+      Cluster({Prefill("p0", 0.1, 0.1), Prefill("p1", 0, 0.0), Decode("d0", 2, 0.02, 0.2)}), {});
+  EXPECT_EQ(d.scale, Scale::kRemove);
+  EXPECT_EQ(d.scale_worker, 1);
+  EXPECT_EQ(PlannerScaleName(d), "remove");
+  // One that just changed role stays.
+  PlannerWorker fresh = Prefill("p1", 0, 0.0);
+  fresh.since_switch_s = 1;
+  d = PlanPools(Cluster({Prefill("p0", 0.1, 0.1), fresh, Decode("d0", 2, 0.02, 0.2)}), {});
   EXPECT_EQ(d.scale, Scale::kNone);
 }
 
