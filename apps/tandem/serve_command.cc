@@ -547,6 +547,20 @@ int RunServe(const ServeFlags& f) {
       return 1;
     }
   }
+  auto forget_scaler = [&] {
+    MutexLock lock(&scaler->mu);
+    scaler->act = nullptr;
+  };
+  // Workers started elsewhere join when they are ready; until a decode worker has, requests get
+  // 503 with the reason.
+  if (Status st = (*conductor)->WaitForWorkers(prefill_workers, decode_workers, After(180));
+      !st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    forget_scaler();
+    supervisor.StopAll(After(5));
+    return 1;
+  }
+  // Only once the cluster is up: the planner's requests are carried out from here on.
   {
     const int cores = f.cores > 0 ? f.cores : DefaultThreads();
     auto next_index = std::make_shared<std::map<std::string, int>>(
@@ -574,19 +588,6 @@ int RunServe(const ServeFlags& f) {
         log->info("elastic pools: started {}-{} ({} threads)", role, index, worker_threads);
       }
     };
-  }
-  auto forget_scaler = [&] {
-    MutexLock lock(&scaler->mu);
-    scaler->act = nullptr;
-  };
-  // Workers started elsewhere join when they are ready; until a decode worker has, requests get
-  // 503 with the reason.
-  if (Status st = (*conductor)->WaitForWorkers(prefill_workers, decode_workers, After(180));
-      !st.ok()) {
-    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
-    forget_scaler();
-    supervisor.StopAll(After(5));
-    return 1;
   }
   const std::string description =
       f.spawn_workers

@@ -51,6 +51,7 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
   Worker& w = workers_[info.name];
   if (w.info.incarnation != info.incarnation) {
     event = std::string(w.info.incarnation != 0 ? "rejoined" : "joined");
+    w.joined_at = Clock::now();
     w.info = info;
     w.healthy = false;
     w.client = std::make_shared<WorkerClient>(info.host, info.port);

@@ -91,6 +91,7 @@ class ClusterView {
     // kRoleSettleTime cannot undo it), and the share of wall time its engine computed, an
     // average over about kBusyAverageTime of its /stats busy seconds.
     Clock::time_point role_set_at{};
+    Clock::time_point joined_at{};  // its current incarnation's first probe
     double busy_share = 0;
     double busy_seconds = -1;  // at busy_sampled_at (-1: no sample yet)
     Clock::time_point busy_sampled_at{};

@@ -555,8 +555,9 @@ class ConductorImpl final : public Conductor {
         p.name = name;
         p.role = ToPolicyRole(w.info.role);
         p.healthy = w.healthy;
-        p.since_switch_s =
-            w.role_set_at == Clock::time_point{} ? 1e9 : Seconds(now - w.role_set_at);
+        // Since it changed role or joined (a worker just started is not offered for removal).
+        const Clock::time_point settled = std::max(w.role_set_at, w.joined_at);
+        p.since_switch_s = settled == Clock::time_point{} ? 1e9 : Seconds(now - settled);
         p.prefill_queue_s = ClusterView::QueueSeconds(w, now);
         p.decode_step_s = ClusterView::DecodeStepSeconds(w, &p.decoding);
         const auto& b = w.stats.backend;

@@ -85,6 +85,11 @@ class DashboardInBrowserTest(unittest.TestCase):
         rows = {r.find_elements(By.TAG_NAME, "td")[0].text: [c.text for c in r.find_elements(By.TAG_NAME, "td")]
                 for r in b.find_elements(By.CSS_SELECTOR, "#workers tbody tr")}
         self.assertEqual(rows["decode-0"][2], "up")
+        # The KV pool's tiers: two workers' DRAM segments (256 MiB each), no SSD tier.
+        tiers = {r.find_elements(By.TAG_NAME, "td")[0].text: [c.text for c in r.find_elements(By.TAG_NAME, "td")]
+                 for r in b.find_elements(By.CSS_SELECTOR, "#pool tbody tr")}
+        self.assertEqual(tiers["DRAM"][1], "512.0 MiB")
+        self.assertEqual(tiers["SSD"][1], "off")
         shot = os.environ.get("TANDEM_DASHBOARD_SCREENSHOT")
         if shot:
             time.sleep(2)
