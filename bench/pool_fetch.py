@@ -173,7 +173,14 @@ def main():
     if "namespaces" in topologies and not can_ns:
         log("namespaces: skipped (needs root and ip)")
         topologies.remove("namespaces")
-    results = {}  # config -> [(pool gbps, engine gbps)]
+    results = {}  # config -> [(pool run, engine run)]
+
+    def record(rnd, name, pool, engine):
+        log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
+            f"engine {engine and engine['gbps']} GB/s")
+        if pool and engine:
+            results.setdefault(name, []).append((pool, engine))
+
     for rnd in range(args.rounds):
         tmp = tempfile.mkdtemp(prefix="tandem-pool-fetch-", dir=args.out)
         if "host" in topologies:
@@ -184,12 +191,8 @@ def main():
                     for topo, protocols, engine_protocol in (("host shm", "shm,tcp", "shm"),
                                                              ("host tcp", "tcp", "tcp")):
                         name = f"{topo}, batch {batch}"
-                        pool = pool_run(args, cluster, protocols, batch)
-                        engine = engine_loopback(args, engine_protocol, batch)
-                        log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
-                            f"engine {engine and engine['gbps']} GB/s")
-                        if pool and engine:
-                            results.setdefault(name, []).append((pool, engine))
+                        record(rnd, name, pool_run(args, cluster, protocols, batch),
+                               engine_loopback(args, engine_protocol, batch))
             finally:
                 cluster.stop()
         if "namespaces" in topologies:
@@ -200,12 +203,8 @@ def main():
                     cluster.start_store(store_mb)
                     for batch in batches:
                         name = f"namespaces tcp, batch {batch}"
-                        pool = pool_run(args, cluster, "tcp", batch)
-                        engine = engine_across(args, cluster, batch)
-                        log(f"round {rnd + 1} {name}: pool {pool and pool['gbps']} GB/s, "
-                            f"engine {engine and engine['gbps']} GB/s")
-                        if pool and engine:
-                            results.setdefault(name, []).append((pool, engine))
+                        record(rnd, name, pool_run(args, cluster, "tcp", batch),
+                               engine_across(args, cluster, batch))
                 finally:
                     cluster.stop()
             finally:

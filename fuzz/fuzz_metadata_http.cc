@@ -22,12 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       proto::kGet,        proto::kDelete,         proto::kList,        "/v1/kv/unknown"};
   tandem::transfer::internal::MetadataKvState state;
   std::string lease = "0";
-  std::string_view input(reinterpret_cast<const char*>(data), size);
-  for (int calls = 0; !input.empty() && calls < 64; ++calls) {
-    const size_t eol = input.find('\n');
-    const std::string_view line = input.substr(0, eol);
-    input = eol == std::string_view::npos ? std::string_view() : input.substr(eol + 1);
-    if (line.empty()) continue;
+  tandem::fuzz::ForEachLine(data, size, 64, [&](std::string_view line) {
     std::string call(line.substr(1));
     for (size_t at = call.find("$L"); at != std::string::npos; at = call.find("$L", at)) {
       call.replace(at, 2, lease);
@@ -43,6 +38,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       TANDEM_FUZZ_CHECK(reply.http_status == 400 || reply.http_status == 404);
       TANDEM_FUZZ_CHECK(body.contains("error") && body["error"].is_string());
     }
-  }
+  });
   return 0;
 }

@@ -24,12 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.journal = true;
   tandem::store::MasterState state(options);
   tandem::store::Clock::time_point now{};
-  std::string_view input(reinterpret_cast<const char*>(data), size);
-  for (int calls = 0; !input.empty() && calls < 64; ++calls) {
-    const size_t eol = input.find('\n');
-    const std::string_view line = input.substr(0, eol);
-    input = eol == std::string_view::npos ? std::string_view() : input.substr(eol + 1);
-    if (line.empty()) continue;
+  int calls = 0;
+  tandem::fuzz::ForEachLine(data, size, 64, [&](std::string_view line) {
     const auto reply = tandem::store::internal::MasterCall(
         state, kPaths[static_cast<uint8_t>(line[0]) % 10], std::string(line.substr(1)), now);
     const auto body = nlohmann::json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
@@ -41,10 +37,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       TANDEM_FUZZ_CHECK(body.contains("error") && body["error"].is_string());
     }
     now += std::chrono::milliseconds(static_cast<uint8_t>(line[0]) * 10);
-    if (calls % 4 == 3) state.Expire(now);
+    if (++calls % 4 == 0) state.Expire(now);
     TANDEM_FUZZ_CHECK(state.used() <= state.capacity());
     for (const auto& u : state.Usage()) TANDEM_FUZZ_CHECK(u.used <= u.capacity);
     (void)state.TakeChanges();
-  }
+  });
   return 0;
 }

@@ -1,10 +1,13 @@
 // Shared by the libFuzzer harnesses: the models of the source tree, loaded once.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "model/gguf.h"
 #include "model/model_config.h"
@@ -48,5 +51,18 @@ inline model::TextFrontEnd LoadFrontEnd(const std::string& file) {
       std::abort();                                                                            \
     }                                                                                          \
   } while (0)
+
+// Calls f(line) for each non-empty '\n'-separated line of the input, at most max_lines of
+// them (the harnesses that replay a session of calls).
+template <typename F>
+void ForEachLine(const uint8_t* data, size_t size, int max_lines, F f) {
+  std::string_view input(reinterpret_cast<const char*>(data), size);
+  for (int lines = 0; !input.empty() && lines < max_lines; ++lines) {
+    const size_t eol = input.find('\n');
+    const std::string_view line = input.substr(0, eol);
+    input = eol == std::string_view::npos ? std::string_view() : input.substr(eol + 1);
+    if (!line.empty()) f(line);
+  }
+}
 
 }  // namespace tandem::fuzz
