@@ -217,8 +217,8 @@ int RunPoolBench(const PoolBenchFlags& f) {
   const std::string name = "pool-bench-" + std::to_string(::getpid());
   auto node = ConnectPoolNode(f.metadata, name, name, f.host, f.transfer_protocols);
   if (!node.ok()) return Fail("pool-bench", node.status());
-  auto* te = &node->engine;
-  auto* pool = &node->pool;
+  transfer::TransferEngine* te = node->engine.get();
+  store::PoolClient* pool = node->pool.get();
 
   // Sources: every object, distinct bytes; destinations: one batch.
   const uint64_t block = f.block_bytes;
@@ -232,7 +232,7 @@ int RunPoolBench(const PoolBenchFlags& f) {
   }
   std::vector<uint8_t> dst(block * static_cast<uint64_t>(f.batch));
   for (auto* buf : {&src, &dst}) {
-    if (Status st = (*te)->RegisterLocalMemory(buf->data(), buf->size()); !st.ok()) {
+    if (Status st = te->RegisterLocalMemory(buf->data(), buf->size()); !st.ok()) {
       return Fail("register memory", st);
     }
   }
@@ -246,8 +246,8 @@ int RunPoolBench(const PoolBenchFlags& f) {
   const auto deadline = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(10); };
   for (int i = 0; i < f.objects; i += f.batch) {
     const int end = std::min(f.objects, i + f.batch);
-    auto stored = (*pool)->Put(std::vector<std::string>(keys.begin() + i, keys.begin() + end),
-                               ptrs(src, block, i, end), block, deadline());
+    auto stored = pool->Put(std::vector<std::string>(keys.begin() + i, keys.begin() + end),
+                            ptrs(src, block, i, end), block, deadline());
     if (!stored.ok()) return Fail("put", stored.status());
     if (*stored != end - i) {
       std::fprintf(stderr, "error: the pool stored %d of %d objects (no segment with room?)\n",
@@ -264,7 +264,7 @@ int RunPoolBench(const PoolBenchFlags& f) {
   for (int g = 0; std::chrono::steady_clock::now() < stop; g = (g + 1) % groups) {
     const int begin = g * f.batch;
     const auto t0 = std::chrono::steady_clock::now();
-    auto got = (*pool)->GetPrefix(
+    auto got = pool->GetPrefix(
         std::vector<std::string>(keys.begin() + begin, keys.begin() + begin + f.batch),
         ptrs(dst, block, 0, f.batch), block, deadline());
     const auto t1 = std::chrono::steady_clock::now();
@@ -286,7 +286,7 @@ int RunPoolBench(const PoolBenchFlags& f) {
     std::fprintf(stderr, "error: the bytes read differ from the bytes stored\n");
     return 1;
   }
-  (void)(*pool)->Remove(keys, deadline());
+  (void)pool->Remove(keys, deadline());
   std::sort(latencies_us.begin(), latencies_us.end());
   auto pct = [&](double q) {
     return latencies_us[std::min(
@@ -295,7 +295,7 @@ int RunPoolBench(const PoolBenchFlags& f) {
   };
   const double gbps = static_cast<double>(bytes) / seconds / 1e9;
   // The reads' share of a lookup (the rest: the master's answer): mean microseconds per batch.
-  const store::PoolClientStats ps = (*pool)->Stats();
+  const store::PoolClientStats ps = pool->Stats();
   const double read_us = ps.fetch_seconds * 1e6 / static_cast<double>(ps.get_calls);
   if (f.json) {
     std::printf(
@@ -312,7 +312,7 @@ int RunPoolBench(const PoolBenchFlags& f) {
         latencies_us.size(), f.batch, static_cast<unsigned long long>(block), seconds, gbps,
         pct(0.5), pct(0.99), read_us);
   }
-  for (auto* buf : {&src, &dst}) (void)(*te)->UnregisterLocalMemory(buf->data());
+  for (auto* buf : {&src, &dst}) (void)te->UnregisterLocalMemory(buf->data());
   return 0;
 }
 

@@ -109,9 +109,8 @@ class ConductorImpl final : public Conductor {
     run->load.max_tokens = request.max_tokens;
     run->r = std::move(request);
     run->sink = std::move(sink);
-    const int pool_tokens = PoolHeldTokens(run->r.prompt_tokens);  // outside the lock: a call
+    AskPool(run.get());  // outside the lock: a call
     MutexLock lock(&mu_);
-    run->load.pool_prompt_tokens = pool_tokens;
     if (draining_ || stop_) return FailedPrecondition("the server is shutting down");
     if (active_ >= options_.max_inflight) {
       metrics_.Reject("inflight_limit");
@@ -276,10 +275,12 @@ class ConductorImpl final : public Conductor {
  private:
   // ---- placement ----
 
-  // Prompt tokens (whole blocks, leaving one to compute) whose KV the cluster pool holds, asked
-  // of its master; 0 without a pool, a master or an answer in time (counted).
-  int PoolHeldTokens(const std::vector<int32_t>& prompt) TANDEM_EXCLUDES(mu_) {
-    if (!options_.pool_aware || !pool_directory_ || prompt.size() < 2) return 0;
+  // Sets run->load.pool_prompt_tokens: prompt tokens (whole blocks, leaving one to compute) whose
+  // KV the cluster pool holds, asked of its master; 0 without a pool, a master or an answer in
+  // time (counted). The prompt's block keys it hashes stay in run->load (KeysFor keeps them).
+  void AskPool(RequestRun* run) TANDEM_EXCLUDES(mu_) {
+    const std::vector<int32_t>& prompt = run->r.prompt_tokens;
+    if (!options_.pool_aware || !pool_directory_ || prompt.size() < 2) return;
     std::string ns;
     int bt = 0;
     {
@@ -293,8 +294,10 @@ class ConductorImpl final : public Conductor {
         }
       }
     }
-    if (ns.empty()) return 0;
-    const std::vector<uint64_t> keys = serving::BlockKeys(prompt, bt);
+    if (ns.empty()) return;
+    run->load.keys = serving::BlockKeys(prompt, bt);
+    run->load.block_tokens = bt;
+    const std::vector<uint64_t>& keys = run->load.keys;
     const size_t usable = std::min(keys.size(), (prompt.size() - 1) / static_cast<size_t>(bt));
     std::vector<std::string> objects;
     for (size_t i = 0; i < usable; ++i) objects.push_back(store::ObjectKey(ns, keys[i]));
@@ -302,10 +305,10 @@ class ConductorImpl final : public Conductor {
     metrics_.pool_lookups.fetch_add(1);
     if (!held.ok()) {
       metrics_.pool_lookup_failures.fetch_add(1);
-      return 0;
+      return;
     }
     metrics_.pool_predicted_tokens.fetch_add(int64_t{*held} * bt);
-    return *held * bt;
+    run->load.pool_prompt_tokens = *held * bt;
   }
 
   // The prompt's block keys for the workers' block size (all workers of a cluster agree).

@@ -298,19 +298,15 @@ class Simulation {
     return s;
   }
 
-  // The request as the conductor sees it after asking the pool's master (its PoolDirectory).
-  conductor::RequestLoad WithPool(const Req& r) const {
-    conductor::RequestLoad load = r.load;
-    load.pool_prompt_tokens =
-        static_cast<int>(LeadingHeld(r.load.keys, MaxHitBlocks(r), pool_keys_) * bt_);
-    return load;
-  }
-
-  // The policy over the view, as the conductor calls it.
-  Placement PlaceNow(const Req& r, AdmissionPolicy admission, std::string* decode,
-                     std::string* prefill) {
+  // The policy over the view, as the conductor calls it (having asked the pool's master, as its
+  // PoolDirectory does, how much of the prompt the pool holds).
+  Placement PlaceNow(Req& r, AdmissionPolicy admission, std::string* decode, std::string* prefill) {
     ++result_.placements;
-    const auto snapshot = view_.Snapshot(pool_ ? WithPool(r) : r.load, TimeAt(now_), &names_);
+    if (pool_) {
+      r.load.pool_prompt_tokens =
+          static_cast<int>(LeadingHeld(r.load.keys, MaxHitBlocks(r), pool_keys_) * bt_);
+    }
+    const auto snapshot = view_.Snapshot(r.load, TimeAt(now_), &names_);
     conductor::PlacementOptions po = o_.placement;
     po.admission = admission;
     po.random_draw = rng_();

@@ -102,7 +102,11 @@ const std::map<std::string, Handler>& Handlers() {
 
 }  // namespace
 
-bool IsMasterCall(const std::string& path) { return Handlers().count(path) > 0; }
+std::vector<std::string> MasterCallPaths() {
+  std::vector<std::string> paths;
+  for (const auto& [path, handler] : Handlers()) paths.push_back(path);
+  return paths;
+}
 
 MasterReply MasterCall(MasterState& state, const std::string& path, const std::string& text,
                        Clock::time_point now) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "store/master_state.h"
 
@@ -18,7 +19,7 @@ struct MasterReply {
 // `path`: "/pool/mount", "/pool/put_start", ... (master_server.cc lists them).
 MasterReply MasterCall(MasterState& state, const std::string& path, const std::string& body,
                        Clock::time_point now);
-// True for the paths MasterCall serves.
-bool IsMasterCall(const std::string& path);
+// The paths MasterCall serves (the server routes each of them to it).
+std::vector<std::string> MasterCallPaths();
 
 }  // namespace tandem::store::internal

@@ -36,7 +36,6 @@ namespace tandem::store {
 namespace {
 
 using json = nlohmann::json;
-using std::chrono::milliseconds;
 
 MasterOptions WithJournal(const PoolMasterOptions& o) {
   MasterOptions policy = o.policy;
@@ -48,9 +47,7 @@ class MasterServerImpl final : public PoolMasterServer {
  public:
   explicit MasterServerImpl(PoolMasterOptions options)
       : options_(options), state_(WithJournal(options)) {
-    for (const char* path :
-         {"/pool/mount", "/pool/unmount", "/pool/put_start", "/pool/put_end", "/pool/replica_end",
-          "/pool/get", "/pool/exist", "/pool/remove", "/pool/bad_replica"}) {
+    for (const std::string& path : internal::MasterCallPaths()) {
       server_.Post(path,
                    ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
                      internal::MasterReply reply;
@@ -121,35 +118,17 @@ class MasterServerImpl final : public PoolMasterServer {
 
  private:
   json StatsJson() const {
-    MutexLock lock(&mu_);
-    json segments = json::array();
-    for (const SegmentUsage& u : state_.Usage()) {
-      segments.push_back({{"name", u.name},
-                          {"node", u.node},
-                          {"capacity", u.capacity},
-                          {"used", u.used},
-                          {"objects", u.objects}});
+    PoolMasterStats stats;
+    {
+      MutexLock lock(&mu_);
+      stats.capacity = state_.capacity();
+      stats.used = state_.used();
+      stats.objects = state_.visible_objects();
+      stats.segments = state_.Usage();
+      stats.counters = state_.counters();
     }
-    const MasterCounters& c = state_.counters();
-    return json{{"capacity", state_.capacity()},
-                {"used", state_.used()},
-                {"objects", state_.visible_objects()},
-                {"segments", std::move(segments)},
-                {"counters",
-                 {{"puts_committed", c.puts_committed},
-                  {"puts_aborted", c.puts_aborted},
-                  {"puts_expired", c.puts_expired},
-                  {"puts_no_space", c.puts_no_space},
-                  {"puts_existing", c.puts_existing},
-                  {"get_hits", c.get_hits},
-                  {"get_misses", c.get_misses},
-                  {"evictions", c.evictions},
-                  {"replicas_lost", c.replicas_lost},
-                  {"objects_lost", c.objects_lost},
-                  {"removed", c.removed},
-                  {"hot_replicas", c.hot_replicas},
-                  {"restored", c.restored},
-                  {"journal_failures", journal_failures_.load()}}}};
+    stats.journal_failures = journal_failures_.load();
+    return internal::MasterStatsToJson(stats);
   }
 
   // Reads the journal into the state (before the server answers anyone).

@@ -376,8 +376,12 @@ int MasterState::Restore(const std::vector<SegmentRecord>& segments,
   }
   int restored = 0;
   for (const ObjectRecord& r : objects) {
-    NoteObject(r.key);  // a record that is not restored below is deleted from the journal
-    if (r.size == 0 || objects_.count(r.key) > 0) continue;
+    // A record restored as it is stays in the journal as it is; one restored with fewer
+    // replicas is written again, one not restored is deleted (NoteObject).
+    if (r.size == 0 || objects_.count(r.key) > 0) {
+      NoteObject(r.key);
+      continue;
+    }
     Object o;
     o.size = r.size;
     o.checksum = r.checksum;
@@ -388,6 +392,7 @@ int MasterState::Restore(const std::vector<SegmentRecord>& segments,
       if (!AllocateAt(seg->second, l.offset, l.size)) continue;  // overlaps: stale, dropped
       o.replicas.push_back(l);
     }
+    if (o.replicas.size() != r.replicas.size()) NoteObject(r.key);
     if (o.replicas.empty()) continue;
     o.visible = true;
     lru_.push_back(r.key);  // restored objects are the least recently used

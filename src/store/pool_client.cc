@@ -256,8 +256,7 @@ class PoolClientImpl final : public PoolClient {
            Clock::time_point deadline) {
     const size_t count = std::min(dests.size(), prefix.keys.size());
     if (count == 0) return 0;
-    std::vector<std::vector<Location>> objects;
-    for (size_t i = 0; i < count; ++i) objects.push_back(prefix.objects[i].replicas);
+    const std::vector<FoundObject>& objects = prefix.objects;
     const Clock::time_point start = Clock::now();
     uint64_t corrupt = 0;
     // Every object from its first replica; an object whose read fails tries its next replica;
@@ -267,7 +266,7 @@ class PoolClientImpl final : public PoolClient {
     for (;;) {
       std::vector<size_t> todo;
       for (size_t i = 0; i < count; ++i) {
-        if (!done[i] && replica[i] < objects[i].size()) todo.push_back(i);
+        if (!done[i] && replica[i] < objects[i].replicas.size()) todo.push_back(i);
       }
       if (todo.empty()) break;
       const std::vector<bool> ok = ReadObjects(objects, replica, todo, dests, size, deadline);
@@ -284,7 +283,8 @@ class PoolClientImpl final : public PoolClient {
         } else {
           (void)channel_.Call(
               "/pool/bad_replica",
-              {{"key", prefix.keys[i]}, {"segment", objects[i][replica[i]].segment}}, deadline);
+              {{"key", prefix.keys[i]}, {"segment", objects[i].replicas[replica[i]].segment}},
+              deadline);
           ++replica[i];
         }
       }
@@ -407,14 +407,14 @@ class PoolClientImpl final : public PoolClient {
   }
 
   // Reads objects[i] (its replica[i]) into dests[i] for i in todo; per todo entry, success.
-  std::vector<bool> ReadObjects(const std::vector<std::vector<Location>>& objects,
+  std::vector<bool> ReadObjects(const std::vector<FoundObject>& objects,
                                 const std::vector<size_t>& replica, const std::vector<size_t>& todo,
                                 const std::vector<void*>& dests, uint64_t size,
                                 Clock::time_point deadline) {
     std::vector<bool> ok(todo.size(), false);
     std::map<std::string, std::vector<size_t>> by_segment;  // segment -> indexes into todo
     for (size_t t = 0; t < todo.size(); ++t) {
-      by_segment[objects[todo[t]][replica[todo[t]]].segment].push_back(t);
+      by_segment[objects[todo[t]].replicas[replica[todo[t]]].segment].push_back(t);
     }
     for (const auto& [segment, entries] : by_segment) {
       auto handle = Open(segment);
@@ -422,7 +422,7 @@ class PoolClientImpl final : public PoolClient {
       std::vector<transfer::TransferRequest> reqs;
       bool sizes_match = true;
       for (size_t t : entries) {
-        const Location& l = objects[todo[t]][replica[todo[t]]];
+        const Location& l = objects[todo[t]].replicas[replica[todo[t]]];
         sizes_match = sizes_match && l.size == size;
         reqs.push_back({transfer::OpCode::kRead, dests[todo[t]], *handle, l.offset, size});
       }

@@ -3,6 +3,7 @@
 
 #include "store/master_channel_internal.h"
 #include "store/pool.h"
+#include "store/pool_protocol_internal.h"
 
 namespace tandem::store {
 
@@ -45,36 +46,11 @@ class PoolDirectoryImpl final : public PoolDirectory {
 
   StatusOr<PoolMasterStats> MasterStats(Clock::time_point deadline) override {
     TANDEM_ASSIGN_OR_RETURN(nlohmann::json j, channel_.Get("/pool/stats", deadline));
-    PoolMasterStats s;
     try {
-      s.capacity = j.at("capacity").get<uint64_t>();
-      s.used = j.at("used").get<uint64_t>();
-      s.objects = j.at("objects").get<uint64_t>();
-      for (const auto& seg : j.at("segments")) {
-        s.segments.push_back({seg.at("name").get<std::string>(), seg.at("node").get<std::string>(),
-                              seg.at("capacity").get<uint64_t>(), seg.at("used").get<uint64_t>(),
-                              seg.at("objects").get<int>()});
-      }
-      const auto& c = j.at("counters");
-      MasterCounters& m = s.counters;
-      m.puts_committed = c.value("puts_committed", uint64_t{0});
-      m.puts_aborted = c.value("puts_aborted", uint64_t{0});
-      m.puts_expired = c.value("puts_expired", uint64_t{0});
-      m.puts_no_space = c.value("puts_no_space", uint64_t{0});
-      m.puts_existing = c.value("puts_existing", uint64_t{0});
-      m.get_hits = c.value("get_hits", uint64_t{0});
-      m.get_misses = c.value("get_misses", uint64_t{0});
-      m.evictions = c.value("evictions", uint64_t{0});
-      m.replicas_lost = c.value("replicas_lost", uint64_t{0});
-      m.objects_lost = c.value("objects_lost", uint64_t{0});
-      m.removed = c.value("removed", uint64_t{0});
-      m.hot_replicas = c.value("hot_replicas", uint64_t{0});
-      m.restored = c.value("restored", uint64_t{0});
-      s.journal_failures = c.value("journal_failures", uint64_t{0});
+      return internal::MasterStatsFromJson(j);
     } catch (const nlohmann::json::exception& e) {
       return Internal(std::string("pool master stats: ") + e.what());
     }
-    return s;
   }
 
  private:

@@ -4,9 +4,11 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "store/master_state.h"
+#include "store/pool.h"
 
 namespace tandem::store::internal {
 
@@ -59,6 +61,61 @@ inline nlohmann::json ObjectRecordToJson(const ObjectRecord& r) {
 inline ObjectRecord ObjectRecordFromJson(const std::string& key, const nlohmann::json& j) {
   return ObjectRecord{key, j.at("size").get<uint64_t>(), j.at("checksum").get<uint64_t>(),
                       LocationsFromJson(j.at("replicas"))};
+}
+
+// GET /pool/stats: {capacity, used, objects, segments: [{name, node, capacity, used, objects}],
+// counters: {<MasterCounters field>..., journal_failures}}. One field list for both directions.
+inline const std::vector<std::pair<const char*, uint64_t MasterCounters::*>>& CounterFields() {
+  static const std::vector<std::pair<const char*, uint64_t MasterCounters::*>> fields = {
+      {"puts_committed", &MasterCounters::puts_committed},
+      {"puts_aborted", &MasterCounters::puts_aborted},
+      {"puts_expired", &MasterCounters::puts_expired},
+      {"puts_no_space", &MasterCounters::puts_no_space},
+      {"puts_existing", &MasterCounters::puts_existing},
+      {"get_hits", &MasterCounters::get_hits},
+      {"get_misses", &MasterCounters::get_misses},
+      {"evictions", &MasterCounters::evictions},
+      {"replicas_lost", &MasterCounters::replicas_lost},
+      {"objects_lost", &MasterCounters::objects_lost},
+      {"removed", &MasterCounters::removed},
+      {"hot_replicas", &MasterCounters::hot_replicas},
+      {"restored", &MasterCounters::restored}};
+  return fields;
+}
+
+inline nlohmann::json MasterStatsToJson(const PoolMasterStats& s) {
+  nlohmann::json segments = nlohmann::json::array();
+  for (const SegmentUsage& u : s.segments) {
+    segments.push_back({{"name", u.name},
+                        {"node", u.node},
+                        {"capacity", u.capacity},
+                        {"used", u.used},
+                        {"objects", u.objects}});
+  }
+  nlohmann::json counters = {{"journal_failures", s.journal_failures}};
+  for (const auto& [name, field] : CounterFields()) counters[name] = s.counters.*field;
+  return {{"capacity", s.capacity},
+          {"used", s.used},
+          {"objects", s.objects},
+          {"segments", std::move(segments)},
+          {"counters", std::move(counters)}};
+}
+
+// Throws nlohmann::json::exception on a missing or mistyped field; absent counters are 0.
+inline PoolMasterStats MasterStatsFromJson(const nlohmann::json& j) {
+  PoolMasterStats s;
+  s.capacity = j.at("capacity").get<uint64_t>();
+  s.used = j.at("used").get<uint64_t>();
+  s.objects = j.at("objects").get<uint64_t>();
+  for (const auto& seg : j.at("segments")) {
+    s.segments.push_back({seg.at("name").get<std::string>(), seg.at("node").get<std::string>(),
+                          seg.at("capacity").get<uint64_t>(), seg.at("used").get<uint64_t>(),
+                          seg.at("objects").get<int>()});
+  }
+  const auto& c = j.at("counters");
+  for (const auto& [name, field] : CounterFields()) s.counters.*field = c.value(name, uint64_t{0});
+  s.journal_failures = c.value("journal_failures", uint64_t{0});
+  return s;
 }
 
 inline const char* DecisionName(PutDecision d) {
