@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -82,6 +83,31 @@ Fixture& GetFixture() {
   return *f;
 }
 
+// connect() that survives libFuzzer's periodic SIGALRM (installed without SA_RESTART): an
+// interrupted connect goes on in the background, so wait for it and read its outcome.
+// Any other failure is printed with its errno before the caller's check aborts.
+bool ConnectInterruptible(int fd, const sockaddr_in& addr) {
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return true;
+  int error = errno;
+  if (error == EINTR) {
+    for (;;) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ready = ::poll(&p, 1, 10000);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready != 1) {
+        error = ETIMEDOUT;
+        break;
+      }
+      socklen_t len = sizeof(error);
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) error = errno;
+      break;
+    }
+    if (error == 0) return true;
+  }
+  std::fprintf(stderr, "fuzz: connect to the listener failed: %s\n", std::strerror(error));
+  return false;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -97,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(fx.server->port()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  TANDEM_FUZZ_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  TANDEM_FUZZ_CHECK(ConnectInterruptible(fd, addr));
   if (size == 0) {
     ::close(fd);
     return 0;
