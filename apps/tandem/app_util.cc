@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -61,6 +62,27 @@ bool SetUpClusterToken(const std::string& file, bool generate) {
               kClusterTokenEnv);
   }
   return true;
+}
+
+}  // namespace tandem::app
+
+namespace tandem::app {
+
+engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::ModelConfig& config,
+                                    const WorkerKnobs& knobs, int threads, int64_t kv_tokens,
+                                    bool lends_pool) {
+  engine::MemoryPlanInputs in;
+  in.model_file_bytes = model_file_bytes;
+  in.engine.threads = threads;
+  in.engine.block_tokens = knobs.block_tokens;
+  in.engine.max_sequences = knobs.max_num_seqs;
+  in.engine.max_step_tokens = std::max(knobs.max_batch_tokens, knobs.max_num_seqs);
+  in.engine.kv_capacity_tokens = static_cast<int>(kv_tokens);
+  const bool sliding = config.sliding_window > 0 && config.NumGlobalLayers() < config.n_layers;
+  if (lends_pool && knobs.kv_pool == "on" && !sliding) {
+    in.kv_pool_bytes = int64_t{knobs.pool_dram_mb} << 20;
+  }
+  return in;
 }
 
 }  // namespace tandem::app

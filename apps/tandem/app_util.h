@@ -3,7 +3,12 @@
 
 #include <signal.h>
 
+#include <cstdint>
 #include <string>
+
+#include "engine/memory_plan.h"
+#include "flags.h"
+#include "model/model_config.h"
 
 namespace tandem::app {
 
@@ -20,5 +25,12 @@ int DefaultThreads();
 // $TANDEM_CLUSTER_TOKEN, else (with `generate`) a random one, exported in that variable for
 // the processes this one starts. Prints the error and returns false when the token is bad.
 bool SetUpClusterToken(const std::string& file, bool generate);
+
+// The memory plan's inputs (engine/memory_plan.h) of an engine process with these knobs and
+// threads whose KV cache holds kv_tokens positions; `lends_pool`: a worker that mounts
+// --pool-dram-mb for the KV pool (the pool skips sliding-window models).
+engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::ModelConfig& config,
+                                    const WorkerKnobs& knobs, int threads, int64_t kv_tokens,
+                                    bool lends_pool);
 
 }  // namespace tandem::app

@@ -77,6 +77,14 @@ void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& k) {
                   "On SIGTERM, time given to requests in flight")
       ->check(CLI::Range(0.0, 1e5))
       ->capture_default_str();
+  cmd->add_option("--memory-budget-mb", k.memory_budget_mb,
+                  "Memory each engine process may hold, MiB: the KV cache gets what the weights, "
+                  "activations, logits, sampling scratch, KV-pool segment and runtime leave of "
+                  "it (a --kv-cache-tokens given as well must fit), and requests wait for KV "
+                  "instead of growing the process (0: no budget; the KV cache is sized by "
+                  "--kv-cache-tokens)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
 }
 
 void AddTransferFlags(CLI::App* cmd, WorkerKnobs& k) {
@@ -120,6 +128,8 @@ std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& k) {
                                    std::to_string(k.max_waiting),
                                    "--drain-timeout-s",
                                    Exact(k.drain_timeout_s),
+                                   "--memory-budget-mb",
+                                   std::to_string(k.memory_budget_mb),
                                    "--transfer-protocols",
                                    k.transfer_protocols,
                                    "--kv-transfer-timeout-s",

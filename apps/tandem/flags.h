@@ -25,6 +25,7 @@ struct WorkerKnobs {
   int pool_dram_mb = 256;                      // DRAM each worker contributes to it
   std::string pool_ssd_dir;                    // the pool's SSD tier: DIR/<worker name> each
   double pool_ssd_gb = 4;                      // capacity of each worker's SSD tier
+  int memory_budget_mb = 0;  // each engine process's memory (engine/memory_plan.h); 0: none
 
   bool operator==(const WorkerKnobs&) const = default;
 };
@@ -43,7 +44,8 @@ struct PlannerKnobs {
 // --planner-hook.
 void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
 
-// --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s.
+// --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s,
+// --memory-budget-mb.
 void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& knobs);
 // --transfer-protocols, --kv-transfer-timeout-s, --cost-profile, --kv-pool, --pool-dram-mb,
 // --pool-ssd-dir, --pool-ssd-gb.

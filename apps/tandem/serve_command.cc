@@ -18,6 +18,7 @@
 #include "common/mutex.h"
 #include "conductor/conductor.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "server/http_server.h"
@@ -323,9 +324,43 @@ int RunServe(const ServeFlags& f) {
                  max_model_len, config.context_length);
     return 2;
   }
+  const bool colocated = f.mode == "colocated";
+  const int n_workers = std::max(1, f.prefill_workers + f.decode_workers);
+  // Threads of each engine process: this one (colocated), or each worker.
+  const int engine_threads = colocated                  ? threads
+                             : f.threads_per_worker > 0 ? f.threads_per_worker
+                                                        : std::max(1, threads / n_workers);
   int64_t kv_tokens = std::max(16384, max_model_len);
   if (f.kv_cache_tokens > 0) kv_tokens = f.kv_cache_tokens;
   if (f.kv_cache_mb > 0) kv_tokens = KvTokensIn(int64_t{f.kv_cache_mb} << 20, config, f);
+  const int64_t budget_bytes = int64_t{f.knobs.memory_budget_mb} << 20;
+  if (budget_bytes > 0) {
+    // The KV cache gets what the rest of the plan leaves; a KV size given as well must fit.
+    const engine::MemoryPlanInputs in = PlanInputs(static_cast<int64_t>((*file)->file_size()),
+                                                   config, f.knobs, engine_threads, 0, !colocated);
+    const int64_t fits = engine::KvTokensWithin(budget_bytes, config, in);
+    if (f.kv_cache_tokens > 0 || f.kv_cache_mb > 0) {
+      if (kv_tokens > fits) {
+        std::fprintf(stderr,
+                     "error: a KV cache of %lld tokens does not fit --memory-budget-mb %d, "
+                     "which leaves room for %lld\n",
+                     static_cast<long long>(kv_tokens), f.knobs.memory_budget_mb,
+                     static_cast<long long>(fits));
+        return 2;
+      }
+    } else {
+      kv_tokens = fits;
+    }
+    if (kv_tokens < f.knobs.block_tokens) {
+      std::fprintf(stderr,
+                   "error: --memory-budget-mb %d leaves no room for KV: the rest of an engine "
+                   "process needs %.1f MiB (%s)\n",
+                   f.knobs.memory_budget_mb,
+                   static_cast<double>(engine::PlanMemory(config, in).total()) / (1 << 20),
+                   engine::PlanMemory(config, in).ToString().c_str());
+      return 2;
+    }
+  }
   if (kv_tokens < f.knobs.block_tokens || kv_tokens > (1 << 26)) {
     std::fprintf(stderr, "error: a KV cache of %lld tokens is out of range\n",
                  static_cast<long long>(kv_tokens));
@@ -369,7 +404,18 @@ int RunServe(const ServeFlags& f) {
       f.http_threads > 0 ? f.http_threads : f.knobs.max_num_seqs + f.knobs.max_waiting + 16;
   const double kv_mib = KvMiB(kv_tokens, config, f);
 
-  if (f.mode == "colocated") {
+  {
+    const engine::MemoryPlan plan =
+        engine::PlanMemory(config, PlanInputs(static_cast<int64_t>((*file)->file_size()), config,
+                                              f.knobs, engine_threads, kv_tokens, !colocated));
+    log->info("memory plan of {} ({} MiB{}): {}", colocated ? "this process" : "each worker",
+              plan.total() >> 20,
+              budget_bytes > 0 ? fmt::format(" of a {} MiB budget", f.knobs.memory_budget_mb)
+                               : std::string(),
+              plan.ToString());
+  }
+
+  if (colocated) {
     engine::EngineOptions eo = KvLayoutOptions(f);
     eo.model_path = model_path;
     eo.threads = threads;
@@ -384,6 +430,7 @@ int RunServe(const ServeFlags& f) {
     so.max_num_seqs = f.knobs.max_num_seqs;
     so.max_batch_tokens = f.knobs.max_batch_tokens;
     so.max_waiting = f.knobs.max_waiting;
+    so.memory_budget_bytes = budget_bytes;
     std::unique_ptr<serving::GenerationBackend> backend = serving::MakeLocalBackend(eng.get(), so);
     const std::string description = fmt::format(
         "colocated, threads={} max_num_seqs={} kv_cache={} tokens ({:.1f} MiB) max_model_len={} "
@@ -505,9 +552,7 @@ int RunServe(const ServeFlags& f) {
     std::fprintf(stderr, "error: %s\n", conductor.status().ToString().c_str());
     return 1;
   }
-  const int n_workers = std::max(1, f.prefill_workers + f.decode_workers);
-  const int worker_threads =
-      f.threads_per_worker > 0 ? f.threads_per_worker : std::max(1, threads / n_workers);
+  const int worker_threads = engine_threads;
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   conductor::Conductor* conductor_ptr = conductor->get();

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <thread>
@@ -13,6 +14,9 @@
 #include "cluster/worker.h"
 #include "common/logging.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
 
 namespace tandem::app {
 
@@ -89,6 +93,27 @@ int RunWorker(const WorkerFlags& f) {
   o.engine.threads = f.threads;
   o.engine.block_tokens = f.knobs.block_tokens;
   o.engine.kv_capacity_tokens = f.kv_cache_tokens;
+  if (f.knobs.memory_budget_mb > 0) {
+    // The KV cache gets what the rest of the plan leaves, at most --kv-cache-tokens.
+    auto file = model::GgufFile::Open(o.engine.model_path);
+    auto config =
+        file.ok() ? model::ReadModelConfig(**file) : StatusOr<model::ModelConfig>(file.status());
+    if (!config.ok()) {
+      std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
+      return 1;
+    }
+    const int64_t budget = int64_t{f.knobs.memory_budget_mb} << 20;
+    const engine::MemoryPlanInputs in = PlanInputs(static_cast<int64_t>((*file)->file_size()),
+                                                   *config, f.knobs, f.threads, 0, true);
+    const int64_t fits = engine::KvTokensWithin(budget, *config, in);
+    if (fits < f.knobs.block_tokens) {
+      std::fprintf(stderr, "error: --memory-budget-mb %d leaves no room for KV (%s)\n",
+                   f.knobs.memory_budget_mb, engine::PlanMemory(*config, in).ToString().c_str());
+      return 2;
+    }
+    o.engine.kv_capacity_tokens = static_cast<int>(std::min<int64_t>(fits, f.kv_cache_tokens));
+    o.scheduler.memory_budget_bytes = budget;
+  }
   o.scheduler.max_num_seqs = f.knobs.max_num_seqs;
   o.scheduler.max_batch_tokens = f.knobs.max_batch_tokens;
   o.scheduler.max_waiting = f.knobs.max_waiting;

@@ -122,6 +122,8 @@ StatusCode CodeFromName(const std::string& name) {
 }
 
 json StatsJson(const serving::BackendStats& s) {
+  json plan = json::object();  // part -> bytes
+  for (const auto& [part, bytes] : s.memory_plan) plan[part] = bytes;
   return {{"running", s.running},
           {"waiting", s.waiting},
           {"kv_blocks_total", s.kv_blocks_total},
@@ -134,6 +136,10 @@ json StatsJson(const serving::BackendStats& s) {
           {"prompt_tokens", s.prompt_tokens},
           {"generated_tokens", s.generated_tokens},
           {"preemptions", s.preemptions},
+          {"preempt_offloaded_tokens", s.preempt_offloaded_tokens},
+          {"preempt_resumed_cache_tokens", s.preempt_resumed_cache_tokens},
+          {"preempt_resumed_pool_tokens", s.preempt_resumed_pool_tokens},
+          {"preempt_recomputed_tokens", s.preempt_recomputed_tokens},
           {"reserved_blocks", s.reserved_blocks},
           {"reservations_expired", s.reservations_expired},
           {"busy_seconds_prefill", s.busy_seconds_prefill},
@@ -141,7 +147,11 @@ json StatsJson(const serving::BackendStats& s) {
           {"computed_tokens_prefill", s.computed_tokens_prefill},
           {"computed_tokens_decode", s.computed_tokens_decode},
           {"engine_threads", s.engine_threads},
-          {"sampling_seconds", s.sampling_seconds}};
+          {"sampling_seconds", s.sampling_seconds},
+          {"memory_plan", std::move(plan)},
+          {"memory_budget_bytes", s.memory_budget_bytes},
+          {"resident_bytes", s.resident_bytes},
+          {"peak_resident_bytes", s.peak_resident_bytes}};
 }
 
 serving::BackendStats StatsFrom(const json& j) {
@@ -158,6 +168,10 @@ serving::BackendStats StatsFrom(const json& j) {
   s.prompt_tokens = j.value("prompt_tokens", int64_t{0});
   s.generated_tokens = j.value("generated_tokens", int64_t{0});
   s.preemptions = j.value("preemptions", int64_t{0});
+  s.preempt_offloaded_tokens = j.value("preempt_offloaded_tokens", int64_t{0});
+  s.preempt_resumed_cache_tokens = j.value("preempt_resumed_cache_tokens", int64_t{0});
+  s.preempt_resumed_pool_tokens = j.value("preempt_resumed_pool_tokens", int64_t{0});
+  s.preempt_recomputed_tokens = j.value("preempt_recomputed_tokens", int64_t{0});
   s.reserved_blocks = j.value("reserved_blocks", 0);
   s.reservations_expired = j.value("reservations_expired", int64_t{0});
   s.busy_seconds_prefill = j.value("busy_seconds_prefill", 0.0);
@@ -166,6 +180,14 @@ serving::BackendStats StatsFrom(const json& j) {
   s.computed_tokens_prefill = j.value("computed_tokens_prefill", int64_t{0});
   s.computed_tokens_decode = j.value("computed_tokens_decode", int64_t{0});
   s.engine_threads = j.value("engine_threads", 0);
+  if (auto plan = j.find("memory_plan"); plan != j.end() && plan->is_object()) {
+    for (const auto& [part, bytes] : plan->items()) {
+      if (bytes.is_number_integer()) s.memory_plan.emplace_back(part, bytes.get<int64_t>());
+    }
+  }
+  s.memory_budget_bytes = j.value("memory_budget_bytes", int64_t{0});
+  s.resident_bytes = j.value("resident_bytes", int64_t{0});
+  s.peak_resident_bytes = j.value("peak_resident_bytes", int64_t{0});
   return s;
 }
 

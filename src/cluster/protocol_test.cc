@@ -83,6 +83,14 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   st.backend.computed_tokens_decode = 77;
   st.backend.engine_threads = 3;
   st.cached_block_keys = {11, 12};
+  st.backend.memory_plan = {{"kv", int64_t{5} << 30}, {"weights", 253 << 20}};
+  st.backend.memory_budget_bytes = int64_t{6} << 30;
+  st.backend.resident_bytes = 400 << 20;
+  st.backend.peak_resident_bytes = 500 << 20;
+  st.backend.preempt_offloaded_tokens = 320;
+  st.backend.preempt_resumed_cache_tokens = 64;
+  st.backend.preempt_resumed_pool_tokens = 256;
+  st.backend.preempt_recomputed_tokens = 9;
   auto st2 = WorkerStats::FromJson(st.ToJson());
   ASSERT_TRUE(st2.ok()) << st2.status().ToString();
   EXPECT_DOUBLE_EQ(st2->backend.busy_seconds_prefill, 2.5);
@@ -91,6 +99,14 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(st2->backend.computed_tokens_decode, 77);
   EXPECT_EQ(st2->backend.engine_threads, 3);
   EXPECT_EQ(st2->cached_block_keys, (std::vector<uint64_t>{11, 12}));
+  EXPECT_EQ(st2->backend.memory_plan, st.backend.memory_plan);  // sorted by part already
+  EXPECT_EQ(st2->backend.memory_budget_bytes, int64_t{6} << 30);
+  EXPECT_EQ(st2->backend.resident_bytes, 400 << 20);
+  EXPECT_EQ(st2->backend.peak_resident_bytes, 500 << 20);
+  EXPECT_EQ(st2->backend.preempt_offloaded_tokens, 320);
+  EXPECT_EQ(st2->backend.preempt_resumed_cache_tokens, 64);
+  EXPECT_EQ(st2->backend.preempt_resumed_pool_tokens, 256);
+  EXPECT_EQ(st2->backend.preempt_recomputed_tokens, 9);
 
   const Status back =
       StatusFromErrorJson(ErrorJson(Status(StatusCode::kResourceExhausted, "full")), "x");

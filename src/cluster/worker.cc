@@ -276,6 +276,7 @@ class WorkerImpl final : public Worker {
                                       : fmt::format(", SSD tier {} ({:.1f} GB)", o.pool_ssd_dir,
                                                     o.pool_ssd_bytes / 1e9));
     so->kv_pool = std::move(bridge);
+    so->kv_pool_bytes = static_cast<int64_t>(o.pool_dram_bytes);
     return OkStatus();
   }
   bool Run() override { return http_.listen_after_bind(); }

@@ -178,6 +178,10 @@ class ConductorImpl final : public Conductor {
         s.prompt_tokens += b.prompt_tokens;
         s.generated_tokens += b.generated_tokens;
         s.preemptions += b.preemptions;
+        s.preempt_offloaded_tokens += b.preempt_offloaded_tokens;
+        s.preempt_resumed_cache_tokens += b.preempt_resumed_cache_tokens;
+        s.preempt_resumed_pool_tokens += b.preempt_resumed_pool_tokens;
+        s.preempt_recomputed_tokens += b.preempt_recomputed_tokens;
         s.reserved_blocks += b.reserved_blocks;
         s.reservations_expired += b.reservations_expired;
       }

@@ -44,6 +44,10 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
   o.kv_total = w.stats.backend.kv_blocks_total;
   o.kv_used = w.stats.backend.kv_blocks_used;
   o.kv_cached = w.stats.backend.kv_blocks_cached;
+  o.memory.memory_plan = w.stats.backend.memory_plan;
+  o.memory.memory_budget_bytes = w.stats.backend.memory_budget_bytes;
+  o.memory.resident_bytes = w.stats.backend.resident_bytes;
+  o.memory.peak_resident_bytes = w.stats.backend.peak_resident_bytes;
   workers.push_back(o);
   if (w.healthy) {
     transfer_failures += w.stats.transfer_failures;
@@ -180,6 +184,7 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                           {{"worker", w.name}, {"role", w.role}, {"state", state}},
                           double(blocks)});
     }
+    serving::AppendMemoryMetrics(w.memory, {{"worker", w.name}, {"role", w.role}}, &s->extra);
   }
   auto counter = [&](const char* name, const char* help, double v) {
     s->extra.push_back({name, help, true, {}, v});

@@ -39,6 +39,7 @@ class ConductorMetrics {
       double sampling_s = 0;                         // cumulative seconds drawing tokens
       int running = 0;                               // sequences its engine runs now
       int kv_total = 0, kv_used = 0, kv_cached = 0;  // its KV blocks
+      serving::BackendStats memory;  // its memory plan, budget and resident set only
     };
     std::vector<One> workers;
     // Sums over live workers.

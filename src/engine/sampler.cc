@@ -26,6 +26,25 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+struct Candidate {
+  int32_t id;
+  float logit;
+};
+
+// A sampling thread's scratch, each vector up to vocab entries (reused across calls).
+struct Scratch {
+  std::vector<float> adjusted;        // logits after the adjustments
+  std::vector<Candidate> candidates;  // (id, logit), partly sorted by the filters
+  std::vector<float> probs;           // kept candidates' weights
+  std::vector<float> kept_logits;     // kept candidates' logits
+  std::vector<float> weights;         // by token id
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 }  // namespace
 
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
@@ -65,21 +84,22 @@ void Sampler::Record(int32_t token) {
 }
 
 std::span<const float> Sampler::Adjust(std::span<const float> logits) {
-  adjusted_.assign(logits.begin(), logits.end());
+  Scratch& scratch = ThreadScratch();
+  scratch.adjusted.assign(logits.begin(), logits.end());
   const auto in_vocab = [&](int32_t id) {
     return id >= 0 && static_cast<size_t>(id) < logits.size();
   };
   for (const auto& [id, bias] : params_.logit_bias) {
-    if (in_vocab(id)) adjusted_[id] += bias;
+    if (in_vocab(id)) scratch.adjusted[id] += bias;
   }
   if (n_generated_ < params_.min_tokens) {
     for (int32_t id : masked_) {
-      if (in_vocab(id)) adjusted_[id] = -std::numeric_limits<float>::infinity();
+      if (in_vocab(id)) scratch.adjusted[id] = -std::numeric_limits<float>::infinity();
     }
   }
   const float rep = params_.repetition_penalty;
   auto repeat = [&](int32_t id) {
-    float& l = adjusted_[id];
+    float& l = scratch.adjusted[id];
     l = l > 0 ? l / rep : l * rep;
   };
   if (rep != 1.0f) {
@@ -93,30 +113,32 @@ std::span<const float> Sampler::Adjust(std::span<const float> logits) {
     if (rep != 1.0f && !std::binary_search(prompt_tokens_.begin(), prompt_tokens_.end(), id)) {
       repeat(id);
     }
-    adjusted_[id] -= params_.presence_penalty + params_.frequency_penalty * count;
+    scratch.adjusted[id] -= params_.presence_penalty + params_.frequency_penalty * count;
   }
-  return adjusted_;
+  return scratch.adjusted;
 }
 
 int32_t Sampler::Greedy(std::span<const float> logits) {
+  Scratch& scratch = ThreadScratch();
   const int32_t best = Argmax(logits);
   if (Allowed(best)) return best;
   // In descending order (lowest id on ties): the first 64, then the rest.
-  candidates_.resize(logits.size());
+  scratch.candidates.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
-    candidates_[i] = {static_cast<int32_t>(i), logits[i]};
+    scratch.candidates[i] = {static_cast<int32_t>(i), logits[i]};
   }
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
-  const size_t head = std::min<size_t>(64, candidates_.size());
-  std::partial_sort(candidates_.begin(), candidates_.begin() + head, candidates_.end(), by_logit);
+  const size_t head = std::min<size_t>(64, scratch.candidates.size());
+  std::partial_sort(scratch.candidates.begin(), scratch.candidates.begin() + head,
+                    scratch.candidates.end(), by_logit);
   for (size_t i = 0; i < head; ++i) {
-    if (Allowed(candidates_[i].id)) return candidates_[i].id;
+    if (Allowed(scratch.candidates[i].id)) return scratch.candidates[i].id;
   }
-  std::sort(candidates_.begin() + head, candidates_.end(), by_logit);
-  for (size_t i = head; i < candidates_.size(); ++i) {
-    if (Allowed(candidates_[i].id)) return candidates_[i].id;
+  std::sort(scratch.candidates.begin() + head, scratch.candidates.end(), by_logit);
+  for (size_t i = head; i < scratch.candidates.size(); ++i) {
+    if (Allowed(scratch.candidates[i].id)) return scratch.candidates[i].id;
   }
   return best;  // nothing is allowed (the constraint then lets only an end token through)
 }
@@ -142,6 +164,7 @@ size_t DrawIndex(std::span<const float> weights, double sum, std::mt19937_64& rn
 }  // namespace
 
 int32_t Sampler::Draw(std::span<const float> logits) {
+  Scratch& scratch = ThreadScratch();
   if (params_.temperature <= 0.0f) return Greedy(logits);
   const float max_logit = logits[Argmax(logits)];
   const float inv_temperature = 1.0f / params_.temperature;
@@ -152,60 +175,61 @@ int32_t Sampler::Draw(std::span<const float> logits) {
   // After a refused draw: the same weights (by token id, only kept tokens non-zero) with what the
   // constraint refuses zeroed in one pass, and a draw again.
   auto redraw_allowed = [&]() -> int32_t {
-    constraint_->Restrict(weights_);
+    constraint_->Restrict(scratch.weights);
     double allowed_mass = 0;
-    for (float w : weights_) allowed_mass += w;
+    for (float w : scratch.weights) allowed_mass += w;
     if (allowed_mass > 0) {
-      const size_t pick = DrawIndex(weights_, allowed_mass, rng);
-      if (weights_[pick] > 0) return static_cast<int32_t>(pick);
+      const size_t pick = DrawIndex(scratch.weights, allowed_mass, rng);
+      if (scratch.weights[pick] > 0) return static_cast<int32_t>(pick);
     }
     return Greedy(logits);  // none of the kept tokens is allowed
   };
   if (!filtered) {
     // Every token is a candidate: weights straight from the logits, nothing sorted.
-    weights_.resize(logits.size());
-    const double sum =
-        kernels::ExpSum(logits.data(), max_logit, inv_temperature, weights_.data(), logits.size());
-    const size_t pick = DrawIndex(weights_, sum, rng);
+    scratch.weights.resize(logits.size());
+    const double sum = kernels::ExpSum(logits.data(), max_logit, inv_temperature,
+                                       scratch.weights.data(), logits.size());
+    const size_t pick = DrawIndex(scratch.weights, sum, rng);
     if (Allowed(static_cast<int32_t>(pick))) return static_cast<int32_t>(pick);
     return redraw_allowed();
   }
-  candidates_.resize(logits.size());
+  scratch.candidates.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
-    candidates_[i] = {static_cast<int32_t>(i), logits[i]};
+    scratch.candidates[i] = {static_cast<int32_t>(i), logits[i]};
   }
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
   // Only what the filters need is sorted: the vocabulary is large (49k-262k) and a full sort
   // per token costs milliseconds.
-  size_t n = candidates_.size();
+  size_t n = scratch.candidates.size();
   if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
     n = params_.top_k;
-    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_logit);
+    std::partial_sort(scratch.candidates.begin(), scratch.candidates.begin() + n,
+                      scratch.candidates.end(), by_logit);
   }
   if (params_.top_p < 1.0f) {
     // Probabilities at temperature 1; the smallest most-likely prefix holding top_p of the mass,
     // sorting a growing head until it does.
     double total = 0;
-    if (n == candidates_.size()) {
-      probs_.resize(n);
-      total = kernels::ExpSum(logits.data(), max_logit, 1.0f, probs_.data(), n);
+    if (n == scratch.candidates.size()) {
+      scratch.probs.resize(n);
+      total = kernels::ExpSum(logits.data(), max_logit, 1.0f, scratch.probs.data(), n);
     } else {
-      for (size_t i = 0; i < n; ++i) total += std::exp(candidates_[i].logit - max_logit);
+      for (size_t i = 0; i < n; ++i) total += std::exp(scratch.candidates[i].logit - max_logit);
     }
-    const bool sorted = n < candidates_.size();  // top_k sorted the first n already
+    const bool sorted = n < scratch.candidates.size();  // top_k sorted the first n already
     size_t head = sorted ? n : std::min<size_t>(n, 64);
     size_t done = 0;
     double cumulative = 0;
     while (true) {
       if (!sorted) {
-        std::partial_sort(candidates_.begin() + done, candidates_.begin() + head,
-                          candidates_.begin() + n, by_logit);
+        std::partial_sort(scratch.candidates.begin() + done, scratch.candidates.begin() + head,
+                          scratch.candidates.begin() + n, by_logit);
       }
       size_t i = done;
       for (; i < head; ++i) {
-        cumulative += std::exp(candidates_[i].logit - max_logit) / total;
+        cumulative += std::exp(scratch.candidates[i].logit - max_logit) / total;
         if (cumulative >= params_.top_p) break;
       }
       if (i < head) {
@@ -221,20 +245,20 @@ int32_t Sampler::Draw(std::span<const float> logits) {
     // Keep p >= min_p * p(most likely), i.e. logit >= max + log(min_p); order kept apart.
     const float floor = max_logit + std::log(params_.min_p);
     n = static_cast<size_t>(
-        std::stable_partition(candidates_.begin(), candidates_.begin() + n,
+        std::stable_partition(scratch.candidates.begin(), scratch.candidates.begin() + n,
                               [&](const Candidate& c) { return c.logit >= floor; }) -
-        candidates_.begin());
+        scratch.candidates.begin());
   }
   // Temperature, then a draw.
-  probs_.resize(n);
-  kept_logits_.resize(n);
-  for (size_t i = 0; i < n; ++i) kept_logits_[i] = candidates_[i].logit;
-  const double sum =
-      kernels::ExpSum(kept_logits_.data(), max_logit, inv_temperature, probs_.data(), n);
-  const size_t pick = DrawIndex(std::span(probs_).first(n), sum, rng);
-  if (Allowed(candidates_[pick].id)) return candidates_[pick].id;
-  weights_.assign(logits.size(), 0.0f);
-  for (size_t i = 0; i < n; ++i) weights_[candidates_[i].id] = probs_[i];
+  scratch.probs.resize(n);
+  scratch.kept_logits.resize(n);
+  for (size_t i = 0; i < n; ++i) scratch.kept_logits[i] = scratch.candidates[i].logit;
+  const double sum = kernels::ExpSum(scratch.kept_logits.data(), max_logit, inv_temperature,
+                                     scratch.probs.data(), n);
+  const size_t pick = DrawIndex(std::span(scratch.probs).first(n), sum, rng);
+  if (Allowed(scratch.candidates[pick].id)) return scratch.candidates[pick].id;
+  scratch.weights.assign(logits.size(), 0.0f);
+  for (size_t i = 0; i < n; ++i) scratch.weights[scratch.candidates[i].id] = scratch.probs[i];
   return redraw_allowed();
 }
 

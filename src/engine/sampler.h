@@ -54,10 +54,6 @@ class Sampler {
   bool ConstraintFinished() const { return constraint_ && constraint_->Finished(); }
 
  private:
-  struct Candidate {
-    int32_t id;
-    float logit;
-  };
   // The logits after the adjustments, in adjusted_ (only called when params_.AdjustsLogits()).
   std::span<const float> Adjust(std::span<const float> logits);
   void Record(int32_t token);
@@ -72,11 +68,9 @@ class Sampler {
   std::unordered_map<int32_t, int> output_counts_;  // generated token -> occurrences
   std::vector<int32_t> prompt_tokens_;              // distinct; only with a repetition penalty
   std::vector<int32_t> masked_;                     // end tokens masked before min_tokens
-  std::vector<float> adjusted_;                     // scratch
-  std::vector<Candidate> candidates_;               // scratch
-  std::vector<float> probs_;                        // scratch
-  std::vector<float> kept_logits_;                  // scratch
-  std::vector<float> weights_;                      // scratch, by token id
+  // Vocabulary-sized scratch lives per thread (sampler.cc), not per sequence: one sequence's
+  // would be about 24 bytes x vocab (6 MiB for a 262k vocabulary), times every running
+  // sequence; per thread it is bounded by the threads that sample (engine::PlanMemory).
 };
 
 int32_t Argmax(std::span<const float> logits);

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/process_memory.h"
+
 namespace tandem::server {
 
 std::string PrometheusWriter::FormatValue(double v) {
@@ -178,6 +180,14 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
             static_cast<double>(stats.prompt_tokens));
   w.Counter("tandem_preemptions_total", "Sequences preempted for KV capacity.",
             static_cast<double>(stats.preemptions));
+  w.Family("tandem_preemption_tokens_total", "counter",
+           "Tokens of preempted sequences: their KV offloaded to the KV pool at preemption "
+           "(offloaded), and how they came back on resuming (resumed_cache: the local prefix "
+           "cache; resumed_pool: the KV pool; recomputed).",
+           {{{{"outcome", "offloaded"}}, double(stats.preempt_offloaded_tokens)},
+            {{{"outcome", "resumed_cache"}}, double(stats.preempt_resumed_cache_tokens)},
+            {{{"outcome", "resumed_pool"}}, double(stats.preempt_resumed_pool_tokens)},
+            {{{"outcome", "recomputed"}}, double(stats.preempt_recomputed_tokens)}});
   w.Histogram("tandem_time_to_first_token_seconds", "Arrival to first generated token.",
               ttft_.Get());
   w.Histogram("tandem_time_per_output_token_seconds", "Mean time per output token after the first.",
@@ -234,16 +244,25 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
     w.Family("tandem_worker_sampling_seconds_total", "counter", serving::kSamplingSecondsHelp,
              {{self, stats.sampling_seconds}});
   }
-  // Backend-specific families, grouped by name in first-seen order.
+  const ProcessMemory memory = ReadProcessMemory();
+  w.Gauge("tandem_process_resident_bytes", "Resident set of this process (VmRSS).",
+          static_cast<double>(memory.resident_bytes));
+  w.Gauge("tandem_process_peak_resident_bytes",
+          "Peak resident set of this process since it started (VmHWM).",
+          static_cast<double>(memory.peak_resident_bytes));
+  // Backend-specific families, grouped by name in first-seen order; the engine's memory
+  // (colocated: this process, as the only worker).
+  std::vector<serving::ExtraMetric> extra = stats.extra;
+  serving::AppendMemoryMetrics(stats, {{"worker", "colocated"}, {"role", "mixed"}}, &extra);
   std::vector<std::string> names;
-  for (const auto& m : stats.extra) {
+  for (const auto& m : extra) {
     if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
   }
   for (const auto& name : names) {
     std::vector<std::pair<PrometheusWriter::Labels, double>> samples;
     std::string help;
     bool counter = false;
-    for (const auto& m : stats.extra) {
+    for (const auto& m : extra) {
       if (m.name != name) continue;
       samples.push_back({m.labels, m.value});
       if (help.empty()) help = m.help;

@@ -48,4 +48,29 @@ Status ValidateRequest(const GenerationRequest& request, int vocab_size, int con
   return OkStatus();
 }
 
+void AppendMemoryMetrics(const BackendStats& engine,
+                         const std::vector<std::pair<std::string, std::string>>& labels,
+                         std::vector<ExtraMetric>* out) {
+  if (engine.memory_plan.empty()) return;
+  for (const auto& [part, bytes] : engine.memory_plan) {
+    auto l = labels;
+    l.emplace_back("part", part);
+    out->push_back({"tandem_worker_memory_plan_bytes",
+                    "Memory an engine process plans for, by part (engine/memory_plan.h): "
+                    "weights, kv, activations, logits, sampling, kv_pool, runtime.",
+                    false, std::move(l), static_cast<double>(bytes)});
+  }
+  if (engine.memory_budget_bytes > 0) {
+    out->push_back({"tandem_worker_memory_budget_bytes",
+                    "The memory budget an engine process was sized to (--memory-budget-mb).", false,
+                    labels, static_cast<double>(engine.memory_budget_bytes)});
+  }
+  out->push_back({"tandem_worker_resident_bytes", "Resident set of an engine process (VmRSS).",
+                  false, labels, static_cast<double>(engine.resident_bytes)});
+  out->push_back({"tandem_worker_peak_resident_bytes",
+                  "Peak resident set of an engine process since it started (VmHWM): what its "
+                  "memory plan bounds.",
+                  false, labels, static_cast<double>(engine.peak_resident_bytes)});
+}
+
 }  // namespace tandem::serving

@@ -123,6 +123,13 @@ struct BackendStats {
   int64_t prompt_tokens = 0;            // cumulative, computed (not cached)
   int64_t generated_tokens = 0;         // cumulative
   int64_t preemptions = 0;              // cumulative
+  // Cumulative tokens of preempted sequences: the KV offered to the KV pool at preemption, and
+  // how each preempted token came back when its sequence resumed: from the local prefix cache,
+  // from the KV pool, or recomputed.
+  int64_t preempt_offloaded_tokens = 0;
+  int64_t preempt_resumed_cache_tokens = 0;
+  int64_t preempt_resumed_pool_tokens = 0;
+  int64_t preempt_recomputed_tokens = 0;
   int reserved_blocks = 0;              // decode side: held for KV being transferred in
   int64_t reservations_expired = 0;     // cumulative: reserved, never claimed, freed
   // Utilisation of one engine (0 where the backend is not one engine, e.g. the conductor):
@@ -135,10 +142,25 @@ struct BackendStats {
   int64_t computed_tokens_prefill = 0;
   int64_t computed_tokens_decode = 0;
   int engine_threads = 0;
-  double sampling_seconds = 0;     // cumulative, drawing tokens from logits (after the forward)
+  double sampling_seconds = 0;  // cumulative, drawing tokens from logits (after the forward)
+  // The engine process's memory (0 / empty where the backend is not one engine): its plan
+  // (engine/memory_plan.h) part by part, the budget it was sized to (0: none given), and its
+  // resident set now and at its peak (common/process_memory.h), bytes.
+  std::vector<std::pair<std::string, int64_t>> memory_plan;
+  int64_t memory_budget_bytes = 0;
+  int64_t resident_bytes = 0;
+  int64_t peak_resident_bytes = 0;
   std::vector<ExtraMetric> extra;  // samples of one name are grouped into one family
   std::vector<ExtraHistogram> extra_histograms;
 };
+
+// Appends the memory families of one engine process to `out`, each sample labelled with
+// `labels` (e.g. worker and role): tandem_worker_memory_plan_bytes (by part),
+// tandem_worker_memory_budget_bytes (where a budget was given), tandem_worker_resident_bytes
+// and tandem_worker_peak_resident_bytes. Nothing when `engine` has no plan.
+void AppendMemoryMetrics(const BackendStats& engine,
+                         const std::vector<std::pair<std::string, std::string>>& labels,
+                         std::vector<ExtraMetric>* out);
 
 // The checks every backend makes at Submit: a non-empty prompt of token ids in [0, vocab_size),
 // max_tokens >= 1, valid sampling (its token ids in the vocabulary too), and a prompt shorter

@@ -11,6 +11,8 @@
 
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/process_memory.h"
+#include "engine/memory_plan.h"
 #include "serving/prefix_cache.h"
 #include "structured/token_constraint.h"
 
@@ -38,6 +40,7 @@ struct Sequence {
   bool admitted_once = false;
   bool prompt_offered = false;  // prompt blocks given to the prefix cache
   int pool_known = 0;           // leading blocks known to be in the KV pool (read from it)
+  int preempted_tokens = 0;     // tokens it had computed when last preempted, until resumed
   std::vector<engine::SampledToken> prompt_lp;  // prompt logprobs gathered so far
   bool prompt_lp_sent = false;                  // the sink has them
   Clock::time_point first_scheduled{};
@@ -65,6 +68,14 @@ class LocalBackendImpl final : public LocalBackend {
         end_tokens_(engine->tokenizer().EndOfGenerationIds()),
         log_(GetLogger("scheduler")) {
     options_.max_batch_tokens = std::max(options_.max_batch_tokens, options_.max_num_seqs);
+    engine::MemoryPlanInputs plan_in;
+    plan_in.model_file_bytes = static_cast<int64_t>(engine->model_bytes());
+    plan_in.engine = engine->options();
+    plan_in.engine.kv_capacity_tokens = kv_.num_blocks() * block_tokens_;
+    plan_in.engine.max_sequences = options_.max_num_seqs;
+    plan_in.engine.max_step_tokens = options_.max_batch_tokens;
+    plan_in.kv_pool_bytes = options_.kv_pool_bytes;
+    memory_plan_ = engine::PlanMemory(engine->config(), plan_in);
     loop_ = std::thread([this] { Loop(); });
   }
 
@@ -323,6 +334,10 @@ class LocalBackendImpl final : public LocalBackend {
     s.prompt_tokens = prompt_tokens_.load();
     s.generated_tokens = generated_tokens_.load();
     s.preemptions = preemptions_.load();
+    s.preempt_offloaded_tokens = preempt_offloaded_.load();
+    s.preempt_resumed_cache_tokens = preempt_resumed_cache_.load();
+    s.preempt_resumed_pool_tokens = preempt_resumed_pool_.load();
+    s.preempt_recomputed_tokens = preempt_recomputed_.load();
     s.reserved_blocks = reserved_blocks_.load();
     s.reservations_expired = reservations_expired_.load();
     s.busy_seconds_prefill = busy_us_prefill_.load() * 1e-6;
@@ -331,6 +346,12 @@ class LocalBackendImpl final : public LocalBackend {
     s.computed_tokens_prefill = computed_prefill_.load();
     s.computed_tokens_decode = computed_decode_.load();
     s.engine_threads = engine_->options().threads;
+    for (const engine::MemoryPart& p : memory_plan_.parts)
+      s.memory_plan.emplace_back(p.name, p.bytes);
+    s.memory_budget_bytes = options_.memory_budget_bytes;
+    const ProcessMemory memory = ReadProcessMemory();
+    s.resident_bytes = memory.resident_bytes;
+    s.peak_resident_bytes = memory.peak_resident_bytes;
     return s;
   }
 
@@ -508,7 +529,9 @@ class LocalBackendImpl final : public LocalBackend {
       }
       // Then what the KV pool holds of the rest, read into the blocks just reserved (so a
       // sequence waiting for memory does not read the pool again and again).
+      const int from_cache = s.n_computed;
       if (matched && UsesPool()) FetchFromPool(s);
+      if (s.preempted_tokens > 0) CountResumed(s, from_cache);
       if (!s.admitted_once) {
         s.admitted_once = true;
         s.cached_tokens = s.n_computed;
@@ -518,6 +541,17 @@ class LocalBackendImpl final : public LocalBackend {
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
     }
+  }
+
+  // Counts how a preempted sequence's computed tokens came back on its admission: the first
+  // `from_cache` of its n_computed from the prefix cache, the rest of n_computed from the pool.
+  void CountResumed(Sequence& s, int from_cache) {
+    const int cache = std::min(from_cache, s.preempted_tokens);
+    const int pool = std::min(s.n_computed, s.preempted_tokens) - cache;
+    preempt_resumed_cache_.fetch_add(cache);
+    preempt_resumed_pool_.fetch_add(pool);
+    preempt_recomputed_.fetch_add(s.preempted_tokens - cache - pool);
+    s.preempted_tokens = 0;
   }
 
   // Admits the waiting sequences after the head that already hold blocks (KV pushed by a
@@ -575,14 +609,22 @@ class LocalBackendImpl final : public LocalBackend {
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
       Sequence& s = **it;
       if (&s == keep || s.finish) continue;
+      // Its KV stays in the prefix cache (until evicted) and goes to the KV pool, from where
+      // it resumes; a block's fetch (a memcpy, or a read over the network) costs far less
+      // than recomputing it, so the pool is always asked first (docs/design/engine.md).
       OfferBlocks(s);
+      const int pool_had = s.pool_known;
+      OfferToPool(s);
+      preempt_offloaded_.fetch_add(int64_t{s.pool_known - pool_had} * block_tokens_);
+      s.preempted_tokens = s.n_computed;
       kv_.Release(s.blocks);
       s.blocks.clear();
       s.n_computed = 0;
       waiting_.push_front(std::move(*it));
       running_.erase(std::next(it).base());
       preemptions_.fetch_add(1);
-      log_->info("preempted {} (KV cache full); it will be recomputed", waiting_.front()->req.id);
+      log_->info("preempted {} at {} tokens (KV cache full){}", waiting_.front()->req.id,
+                 waiting_.front()->preempted_tokens, UsesPool() ? "; its KV went to the pool" : "");
       return true;
     }
     return false;
@@ -622,12 +664,20 @@ class LocalBackendImpl final : public LocalBackend {
     };
     std::vector<Planned> plan;
     int budget = options_.max_batch_tokens;
+    // Rows of prompt logprobs left in this step (each is a vocab-wide row of logits; the
+    // memory plan bounds them, engine/memory_plan.h).
+    int logprob_rows = engine::kPromptLogprobRowsPerStep;
     // Decodes first (one token each, they hold the TBT), then prefill chunks in arrival order.
     for (int pass = 0; pass < 2; ++pass) {
       for (size_t i = 0; i < running_.size(); ++i) {
         Sequence* s = running_[i].get();
         if (s->finish || (pass == 0) != (s->pending() == 1) || budget == 0) continue;
-        const int n = std::min(s->pending(), budget);
+        int n = std::min(s->pending(), budget);
+        const bool all_logits = WantsPromptLogprobs(*s) && s->n_computed < s->n_prompt;
+        if (all_logits) {
+          if (logprob_rows == 0) continue;
+          n = std::min(n, logprob_rows);
+        }
         // Short of blocks: preempt the newest other sequences (the victim is always after
         // `s` in running_ unless `s` is last, so the indices before i stay valid).
         bool reserved = ReserveStep(*s, n);
@@ -638,6 +688,7 @@ class LocalBackendImpl final : public LocalBackend {
         }
         plan.push_back({s, n});
         budget -= n;
+        if (all_logits) logprob_rows -= n;
       }
     }
     // Preemption may have removed planned sequences from running_: keep only live ones.
@@ -840,6 +891,7 @@ class LocalBackendImpl final : public LocalBackend {
   }
 
   SchedulerOptions options_;
+  engine::MemoryPlan memory_plan_;  // set at construction
   engine::PagedKvCache& kv_;
   const int block_tokens_;
   PrefixCache prefix_cache_;               // loop thread only
@@ -879,6 +931,8 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> prompt_tokens_{0};
   std::atomic<int64_t> generated_tokens_{0};
   std::atomic<int64_t> preemptions_{0};
+  std::atomic<int64_t> preempt_offloaded_{0}, preempt_resumed_cache_{0}, preempt_resumed_pool_{0},
+      preempt_recomputed_{0};
   std::atomic<int> reserved_blocks_{0};
   std::atomic<int64_t> reservations_expired_{0};
   std::atomic<int64_t> busy_us_prefill_{0};  // microseconds of forward passes (CountBusy)

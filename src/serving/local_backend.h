@@ -23,6 +23,10 @@ struct SchedulerOptions {
   // what the local cache lacks of each prompt, offered every finished sequence's full blocks.
   // Null: local cache only. Models with sliding-window layers do not use it yet.
   std::shared_ptr<KvPool> kv_pool = nullptr;
+  // For the memory plan in Stats() (engine/memory_plan.h): the budget the process was sized to
+  // (0: none) and the shared memory it lends to the KV pool.
+  int64_t memory_budget_bytes = 0;
+  int64_t kv_pool_bytes = 0;
 };
 
 // Told, on the loop thread, as soon as each layer of a forward step has written a sequence's

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <future>
+#include <map>
 #include <mutex>
 
 namespace tandem::serving {
@@ -233,6 +235,62 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
   EXPECT_GT(backend->Stats().preemptions, 0);
   backend->Drain(Clock::now() + std::chrono::seconds(5));
   EXPECT_EQ(backend->Stats().kv_blocks_used, 0);
+}
+
+// A KV pool in this process's memory: a block's global-arena bytes under its key.
+class MemoryKvPool : public KvPool {
+ public:
+  explicit MemoryKvPool(engine::PagedKvCache* kv) : kv_(kv) {}
+  int Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override {
+    int n = 0;
+    for (; n < static_cast<int>(keys.size()); ++n) {
+      auto it = objects_.find(keys[n]);
+      if (it == objects_.end()) break;
+      std::memcpy(Block(blocks[n]), it->second.data(), it->second.size());
+      ++fetched_blocks;
+    }
+    return n;
+  }
+  void Offer(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const char* b = Block(blocks[i]);
+      objects_[keys[i]].assign(b, b + kv_->BlockBytes());
+    }
+  }
+  int fetched_blocks = 0;
+
+ private:
+  char* Block(int32_t b) const {
+    return reinterpret_cast<char*>(kv_->data()) + static_cast<size_t>(b) * kv_->BlockBytes();
+  }
+  engine::PagedKvCache* kv_;
+  std::map<uint64_t, std::vector<char>> objects_;
+};
+
+// Under the same pressure with a KV pool: a preempted sequence's KV goes to the pool and comes
+// back from it (or from the prefix cache while that still holds it) instead of being
+// recomputed; outputs are unchanged, and every preempted token is accounted for.
+TEST(LocalBackendTest, PreemptedKvIsOffloadedToThePoolAndResumedFromIt) {
+  auto e = LoadEngine(20 * 16);
+  ASSERT_NE(e, nullptr);
+  const auto prompts = Prompts(4);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& p : prompts) {
+    reqs.push_back(Greedy(*e, p, 100));
+    solo.push_back(Solo(*e, reqs.back()));
+  }
+  auto pool = std::make_shared<MemoryKvPool>(&e->kv());
+  auto backend =
+      MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .kv_pool = pool});
+  EXPECT_EQ(SubmitAll(*backend, reqs), solo);
+  const BackendStats st = backend->Stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.preempt_offloaded_tokens, 0);
+  EXPECT_GT(st.preempt_resumed_pool_tokens, 0);
+  EXPECT_GT(pool->fetched_blocks, 0);
+  // A preempted sequence holds at most one partial block (< 16 tokens) that no cache keeps.
+  EXPECT_LT(st.preempt_recomputed_tokens, 16 * st.preemptions);
 }
 
 // Gemma 3's sliding layers keep KV only for their 512-token window, in an arena sized for two

@@ -106,6 +106,23 @@ StatusOr<std::unique_ptr<RemoteSegment>> ShmTransport::Open(const SegmentDescrip
       std::make_unique<ShmRemoteSegment>(remote, Mapping(addr, remote.size)));
 }
 
+namespace {
+
+// Drops this process's page-table entries for the whole pages of [p, p + length) in a peer's
+// mapped segment. The bytes stay in the peer's memfd (MADV_DONTNEED on a shared mapping only
+// unmaps), but they no longer count in this process's resident set: a prefill worker that
+// wrote 1 GB into a decode worker's KV would otherwise carry that gigabyte in its own RSS
+// too, past its memory plan (engine/memory_plan.h). The next copy into those pages takes a
+// minor fault per page.
+void ForgetPages(char* p, uint64_t length) {
+  static const uintptr_t kPage = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + length) & ~(kPage - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
 void ShmTransport::Submit(RemoteSegment& segment, const TransferRequest& request,
                           Clock::time_point deadline, CompletionCallback done) {
   // The engine keeps `segment` (and so the mapping) alive until done has been called.
@@ -128,6 +145,7 @@ void ShmTransport::Submit(RemoteSegment& segment, const TransferRequest& request
         } else {
           std::memcpy(local, remote, length);
         }
+        ForgetPages(remote, length);
         done(OkStatus());
       });
 }

@@ -2,10 +2,15 @@
 // over TCP loopback: writes and reads of random data, verified byte for byte; notifications.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -205,6 +210,59 @@ TEST_P(DataPath, ThroughputReport) {
     std::printf("[ throughput ] %s writes of %llu KiB: %.0f MB/s (batches of %d)\n",
                 ProtocolName(GetParam()), static_cast<unsigned long long>(len >> 10), mbps, count);
   }
+}
+
+// Resident kB of each mapping of this process whose name contains `name`, in address order
+// (/proc/self/smaps: a mapping's header line, then its "Rss:" line among others).
+std::vector<int64_t> MappingRssKb(const std::string& name) {
+  std::vector<int64_t> out;
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const bool header = !line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+                        line.find('-') != std::string::npos && line.find(':') > line.find(' ');
+    if (header) {
+      inside = line.find(name) != std::string::npos;
+      continue;
+    }
+    long long kb = 0;
+    if (inside && std::sscanf(line.c_str(), "Rss: %lld kB", &kb) == 1) out.push_back(kb);
+  }
+  return out;
+}
+
+TEST(DataPathShm, CopiesDoNotStayInTheInitiatorsResidentSet) {
+  // Two mappings of the target's memfd in this process: the target's own (every page resident
+  // once zeroed) and the initiator's. After a 32 MiB write and a read back, the
+  // initiator's mapping holds almost nothing resident, and the bytes are intact.
+  auto meta = testing::FreshEmbeddedStore();
+  auto target = testing::MakeEngine("rss-t", meta);
+  auto init = testing::MakeEngine("rss-i", meta, {Protocol::kShm});
+  ASSERT_TRUE(target && init);
+  constexpr uint64_t kBytes = 32ull << 20;
+  auto seg = target->AllocateSegment("rss-t/kv", kBytes);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  std::memset(*seg, 0, kBytes);  // as a KV cache is: every page of the owner's mapping resident
+  std::vector<uint8_t> local(kBytes), back(kBytes);
+  FillRandom(local.data(), kBytes, 5);
+  ASSERT_TRUE(init->RegisterLocalMemory(local.data(), kBytes).ok());
+  ASSERT_TRUE(init->RegisterLocalMemory(back.data(), kBytes).ok());
+  auto h = init->OpenSegment("rss-t/kv");
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  for (OpCode op : {OpCode::kWrite, OpCode::kRead}) {
+    std::vector<TransferRequest> reqs = {
+        {op, op == OpCode::kWrite ? local.data() : back.data(), *h, 0, kBytes}};
+    auto id = init->SubmitBatch(reqs, Clock::now() + 10s);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ASSERT_EQ(init->WaitBatch(*id).state, TransferState::kCompleted);
+    ASSERT_TRUE(init->FreeBatch(*id).ok());
+  }
+  EXPECT_EQ(std::memcmp(local.data(), back.data(), kBytes), 0);
+  const std::vector<int64_t> rss = MappingRssKb("tandem:rss-t/kv");
+  ASSERT_EQ(rss.size(), 2u) << "the target's mapping and the initiator's";
+  const int64_t most = std::max(rss[0], rss[1]), least = std::min(rss[0], rss[1]);
+  EXPECT_GE(most, int64_t{kBytes >> 10} * 9 / 10) << "the owner's mapping";
+  EXPECT_LT(least, 1024) << "the initiator's mapping kept " << least << " kB resident";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, DataPath, ::testing::Values(Protocol::kShm, Protocol::kTcp),
