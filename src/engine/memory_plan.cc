@@ -1,9 +1,10 @@
 #include "engine/memory_plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "engine/kv_cache.h"
-#include <fmt/format.h>
 
 namespace tandem::engine {
 
@@ -39,8 +40,7 @@ MemoryPlan PlanWith(const model::ModelConfig& c, const MemoryPlanInputs& in, int
 
   // The norms ModelWeights copies as floats: per layer attention and FFN norms, the post norms,
   // the per-head Q/K norms; the output norm.
-  const int64_t norms =
-      f * (c.n_layers * (4 * int64_t{c.dim} + 2 * c.head_dim) + c.dim);
+  const int64_t norms = f * (c.n_layers * (4 * int64_t{c.dim} + 2 * c.head_dim) + c.dim);
   // Transformer scratch (transformer.h): x, xn (T, dim); q, attn (T, q_dim); k, v (T, kv_dim);
   // gate, up (T, ffn); two RoPE tables of cos and sin (T, rope_dim / 2); positions and items.
   const int64_t per_token = f * (2 * int64_t{c.dim} + 2 * c.q_dim() + 2 * c.kv_dim() +

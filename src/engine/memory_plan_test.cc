@@ -61,8 +61,8 @@ TEST(MemoryPlan, PartsAddUpAndTheKvPartIsTheCacheItself) {
       sum += p.bytes;
     }
     EXPECT_EQ(plan.total(), sum);
-    EXPECT_EQ(plan.bytes_of("kv"), static_cast<int64_t>(PagedKvCache::RequiredBytes(
-                                       KvShapeFor(c, in.engine, 32768))));
+    EXPECT_EQ(plan.bytes_of("kv"),
+              static_cast<int64_t>(PagedKvCache::RequiredBytes(KvShapeFor(c, in.engine, 32768))));
     EXPECT_GE(plan.bytes_of("weights"), in.model_file_bytes);
     EXPECT_EQ(plan.bytes_of("kv_pool"), in.kv_pool_bytes);
     EXPECT_EQ(plan.bytes_of("no such part"), 0);
@@ -77,8 +77,7 @@ TEST(MemoryPlan, LogitsAreBoundedByTheRowsOneStepWrites) {
   const int64_t at32 = PlanMemory(c, in).bytes_of("logits");
   EXPECT_GE(at32, int64_t{MaxLogitRows(32)} * c.vocab_size * 4);
   in.engine.max_sequences = 64;
-  EXPECT_EQ(PlanMemory(c, in).bytes_of("logits") - at32,
-            int64_t{32} * (c.vocab_size + c.dim) * 4);
+  EXPECT_EQ(PlanMemory(c, in).bytes_of("logits") - at32, int64_t{32} * (c.vocab_size + c.dim) * 4);
 }
 
 TEST(MemoryPlan, KvTokensWithinFillTheBudgetToTheBlock) {
@@ -102,10 +101,10 @@ TEST(MemoryPlan, SlidingLayersMakeLongContextsCheap) {
   // (With 32 sequences the arena alone would take about 260 MiB.)
   MemoryPlanInputs in = Inputs(0);
   in.engine.max_sequences = 2;
-  const int64_t gemma = KvTokensWithin(PlanMemory(GemmaShape(), in).total() + (300 << 20),
-                                       GemmaShape(), in);
-  const int64_t smol = KvTokensWithin(PlanMemory(SmolLm2Shape(), in).total() + (300 << 20),
-                                      SmolLm2Shape(), in);
+  const int64_t gemma =
+      KvTokensWithin(PlanMemory(GemmaShape(), in).total() + (300 << 20), GemmaShape(), in);
+  const int64_t smol =
+      KvTokensWithin(PlanMemory(SmolLm2Shape(), in).total() + (300 << 20), SmolLm2Shape(), in);
   EXPECT_GT(gemma, 2 * 32768) << "two 32k Gemma sequences fit in 300 MiB of KV";
   EXPECT_LT(smol, 32768);
 }

@@ -130,8 +130,8 @@ struct BackendStats {
   int64_t preempt_resumed_cache_tokens = 0;
   int64_t preempt_resumed_pool_tokens = 0;
   int64_t preempt_recomputed_tokens = 0;
-  int reserved_blocks = 0;              // decode side: held for KV being transferred in
-  int64_t reservations_expired = 0;     // cumulative: reserved, never claimed, freed
+  int reserved_blocks = 0;           // decode side: held for KV being transferred in
+  int64_t reservations_expired = 0;  // cumulative: reserved, never claimed, freed
   // Utilisation of one engine (0 where the backend is not one engine, e.g. the conductor):
   // cumulative wall seconds of its forward passes, each step's time split between its prompt
   // tokens and its decode tokens in proportion to their counts (a row of a batched matmul costs
