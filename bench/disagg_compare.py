@@ -103,7 +103,7 @@ def run_config(args, name, serve_args, bench_args, out_dir, log):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [args.tandem, "--log-level", "warn", "serve", "--model", args.model, "--port", str(port),
-           *serve_args]
+           *serve_args, *args.serve_arg]
     os.makedirs(out_dir, exist_ok=True)
     err = open(os.path.join(out_dir, "server.log"), "w")
     load_before = loadavg()
@@ -251,6 +251,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2,
                     help="cores given to each configuration (colocated --threads; disaggregated: "
                          "half per worker)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more argument of every `tandem serve` (repeatable; "
+                         "--serve-arg=--max-model-len --serve-arg=32768)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sweep-rounds", type=int, default=1)
     ap.add_argument("--no-sweep", action="store_true")

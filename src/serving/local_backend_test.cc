@@ -211,18 +211,26 @@ TEST(LocalBackendTest, SharedPrefixIsServedFromCacheWithSameOutput) {
   EXPECT_EQ(backend->Stats().prefix_cache_hit_tokens, info.cached_prompt_tokens);
 }
 
+// KV memory pressure: 4 requests of 100 tokens on a cache of 20 blocks of 16 tokens, where each
+// request needs about 8. Returns the requests and each one's output alone.
+constexpr int kPressureBlocks = 20;
+std::pair<std::vector<GenerationRequest>, std::vector<std::vector<int32_t>>> PressureWorkload(
+    engine::Engine& e) {
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& p : Prompts(4)) {
+    reqs.push_back(Greedy(e, p, 100));
+    solo.push_back(Solo(e, reqs.back()));
+  }
+  return {reqs, solo};
+}
+
 // A KV cache far too small for all requests at once: sequences are preempted and recomputed,
 // nobody is killed, outputs are unchanged, and every block comes back.
 TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
-  auto e = LoadEngine(20 * 16);  // 20 blocks of 16 tokens; each request needs about 8
+  auto e = LoadEngine(kPressureBlocks * 16);
   ASSERT_NE(e, nullptr);
-  const auto prompts = Prompts(4);
-  std::vector<GenerationRequest> reqs;
-  std::vector<std::vector<int32_t>> solo;
-  for (const auto& p : prompts) {
-    reqs.push_back(Greedy(*e, p, 100));
-    solo.push_back(Solo(*e, reqs.back()));
-  }
+  const auto [reqs, solo] = PressureWorkload(*e);
   auto backend = MakeLocalBackend(
       e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .enable_prefix_cache = false});
   const auto outputs = SubmitAll(*backend, reqs);
@@ -271,15 +279,9 @@ class MemoryKvPool : public KvPool {
 // back from it (or from the prefix cache while that still holds it) instead of being
 // recomputed; outputs are unchanged, and every preempted token is accounted for.
 TEST(LocalBackendTest, PreemptedKvIsOffloadedToThePoolAndResumedFromIt) {
-  auto e = LoadEngine(20 * 16);
+  auto e = LoadEngine(kPressureBlocks * 16);
   ASSERT_NE(e, nullptr);
-  const auto prompts = Prompts(4);
-  std::vector<GenerationRequest> reqs;
-  std::vector<std::vector<int32_t>> solo;
-  for (const auto& p : prompts) {
-    reqs.push_back(Greedy(*e, p, 100));
-    solo.push_back(Solo(*e, reqs.back()));
-  }
+  const auto [reqs, solo] = PressureWorkload(*e);
   auto pool = std::make_shared<MemoryKvPool>(&e->kv());
   auto backend =
       MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64, .kv_pool = pool});
