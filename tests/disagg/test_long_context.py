@@ -29,8 +29,10 @@ TIMEOUT_S = 120 + PROMPTS * PROMPT_TOKENS / 20  # a pessimistic 20 prompt tokens
 
 
 def server_args(mode):
+    # Requests wait for KV far longer than the default deadline (600 s) in the 32k form.
     extra = ["--mode", mode, "--memory-budget-mb", str(BUDGET_MB), "--max-num-seqs",
-             str(PROMPTS), "--block-tokens", str(BLOCK_TOKENS)]
+             str(PROMPTS), "--block-tokens", str(BLOCK_TOKENS), "--request-timeout-s",
+             str(int(TIMEOUT_S))]
     if mode == "disaggregated":
         extra += ["--prefill-workers", "1", "--decode-workers", "1", "--no-local-prefill"]
     return extra
