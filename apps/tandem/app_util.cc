@@ -1,5 +1,6 @@
 #include "app_util.h"
 
+#include <fmt/format.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -83,6 +84,17 @@ engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::Model
     in.kv_pool_bytes = int64_t{knobs.pool_dram_mb} << 20;
   }
   return in;
+}
+
+StatusOr<int64_t> KvTokensInBudget(int budget_mb, const model::ModelConfig& config,
+                                   const engine::MemoryPlanInputs& in) {
+  const int64_t fits = engine::KvTokensWithin(int64_t{budget_mb} << 20, config, in);
+  if (fits >= std::max(1, in.engine.block_tokens)) return fits;
+  const engine::MemoryPlan rest = engine::PlanMemory(config, in);
+  return InvalidArgument(fmt::format(
+      "--memory-budget-mb {} leaves no room for KV: the rest of an engine process needs {:.1f} "
+      "MiB ({})",
+      budget_mb, static_cast<double>(rest.total()) / (1 << 20), rest.ToString()));
 }
 
 }  // namespace tandem::app

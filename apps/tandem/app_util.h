@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/status.h"
 #include "engine/memory_plan.h"
 #include "flags.h"
 #include "model/model_config.h"
@@ -32,5 +33,11 @@ bool SetUpClusterToken(const std::string& file, bool generate);
 engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::ModelConfig& config,
                                     const WorkerKnobs& knobs, int threads, int64_t kv_tokens,
                                     bool lends_pool);
+
+// The KV positions (whole blocks) an engine process of --memory-budget-mb can hold after the
+// rest of its plan (`in`, whose KV size is ignored); an error naming the plan when that is not
+// even one block.
+StatusOr<int64_t> KvTokensInBudget(int budget_mb, const model::ModelConfig& config,
+                                   const engine::MemoryPlanInputs& in);
 
 }  // namespace tandem::app

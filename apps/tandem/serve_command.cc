@@ -338,27 +338,22 @@ int RunServe(const ServeFlags& f) {
     // The KV cache gets what the rest of the plan leaves; a KV size given as well must fit.
     const engine::MemoryPlanInputs in = PlanInputs(static_cast<int64_t>((*file)->file_size()),
                                                    config, f.knobs, engine_threads, 0, !colocated);
-    const int64_t fits = engine::KvTokensWithin(budget_bytes, config, in);
+    const StatusOr<int64_t> fits = KvTokensInBudget(f.knobs.memory_budget_mb, config, in);
+    if (!fits.ok()) {
+      std::fprintf(stderr, "error: %s\n", fits.status().message().c_str());
+      return 2;
+    }
     if (f.kv_cache_tokens > 0 || f.kv_cache_mb > 0) {
-      if (kv_tokens > fits) {
+      if (kv_tokens > *fits) {
         std::fprintf(stderr,
                      "error: a KV cache of %lld tokens does not fit --memory-budget-mb %d, "
                      "which leaves room for %lld\n",
                      static_cast<long long>(kv_tokens), f.knobs.memory_budget_mb,
-                     static_cast<long long>(fits));
+                     static_cast<long long>(*fits));
         return 2;
       }
     } else {
-      kv_tokens = fits;
-    }
-    if (kv_tokens < f.knobs.block_tokens) {
-      std::fprintf(stderr,
-                   "error: --memory-budget-mb %d leaves no room for KV: the rest of an engine "
-                   "process needs %.1f MiB (%s)\n",
-                   f.knobs.memory_budget_mb,
-                   static_cast<double>(engine::PlanMemory(config, in).total()) / (1 << 20),
-                   engine::PlanMemory(config, in).ToString().c_str());
-      return 2;
+      kv_tokens = *fits;
     }
   }
   if (kv_tokens < f.knobs.block_tokens || kv_tokens > (1 << 26)) {

@@ -102,17 +102,15 @@ int RunWorker(const WorkerFlags& f) {
       std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
       return 1;
     }
-    const int64_t budget = int64_t{f.knobs.memory_budget_mb} << 20;
     const engine::MemoryPlanInputs in = PlanInputs(static_cast<int64_t>((*file)->file_size()),
                                                    *config, f.knobs, f.threads, 0, true);
-    const int64_t fits = engine::KvTokensWithin(budget, *config, in);
-    if (fits < f.knobs.block_tokens) {
-      std::fprintf(stderr, "error: --memory-budget-mb %d leaves no room for KV (%s)\n",
-                   f.knobs.memory_budget_mb, engine::PlanMemory(*config, in).ToString().c_str());
+    const StatusOr<int64_t> fits = KvTokensInBudget(f.knobs.memory_budget_mb, *config, in);
+    if (!fits.ok()) {
+      std::fprintf(stderr, "error: %s\n", fits.status().message().c_str());
       return 2;
     }
-    o.engine.kv_capacity_tokens = static_cast<int>(std::min<int64_t>(fits, f.kv_cache_tokens));
-    o.scheduler.memory_budget_bytes = budget;
+    o.engine.kv_capacity_tokens = static_cast<int>(std::min<int64_t>(*fits, f.kv_cache_tokens));
+    o.scheduler.memory_budget_bytes = int64_t{f.knobs.memory_budget_mb} << 20;
   }
   o.scheduler.max_num_seqs = f.knobs.max_num_seqs;
   o.scheduler.max_batch_tokens = f.knobs.max_batch_tokens;

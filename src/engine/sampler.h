@@ -54,7 +54,8 @@ class Sampler {
   bool ConstraintFinished() const { return constraint_ && constraint_->Finished(); }
 
  private:
-  // The logits after the adjustments, in adjusted_ (only called when params_.AdjustsLogits()).
+  // The logits after the adjustments, in this thread's scratch (only called when
+  // params_.AdjustsLogits()); valid until the thread's next Adjust.
   std::span<const float> Adjust(std::span<const float> logits);
   void Record(int32_t token);
   int32_t Draw(std::span<const float> logits);
