@@ -1,5 +1,6 @@
 #include "engine/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/fp16.h"
@@ -178,10 +179,19 @@ void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, 
   }
 }
 
-Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
-                            std::vector<float>* logits) {
+Status Transformer::ForwardLayers(std::span<const BatchItem> batch, PagedKvCache& kv,
+                                  int begin_layer, int end_layer, std::span<const float> hidden_in,
+                                  std::vector<float>* hidden_out, std::vector<float>* logits) {
   const auto& c = config_;
   const int bt = kv.shape().block_tokens;
+  if (begin_layer < 0 || end_layer > c.n_layers || begin_layer >= end_layer) {
+    return InvalidArgument("layers " + std::to_string(begin_layer) + ".." +
+                           std::to_string(end_layer) + " are not a range of the model's " +
+                           std::to_string(c.n_layers));
+  }
+  if (end_layer < c.n_layers && hidden_out == nullptr) {
+    return InvalidArgument("a stage that ends before the last layer needs hidden_out");
+  }
   token_pos_.clear();
   token_item_.clear();
   int64_t logit_rows = 0;
@@ -215,12 +225,32 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
         item.all_logits ? static_cast<int64_t>(item.tokens.size()) : (item.want_logits ? 1 : 0);
   }
   const int64_t T = static_cast<int64_t>(token_pos_.size());
+  if (begin_layer > 0 && static_cast<int64_t>(hidden_in.size()) != T * c.dim) {
+    return InvalidArgument("the hidden states hold " + std::to_string(hidden_in.size()) +
+                           " values; " + std::to_string(T) + " tokens of width " +
+                           std::to_string(c.dim) + " need " + std::to_string(T * c.dim));
+  }
   EnsureScratch(T, logit_rows);
   ComputeRope(c.rope_freq_base, c.rope_freq_scale, &rope_);
   const bool any_sliding = c.sliding_window > 0 && c.NumGlobalLayers() < c.n_layers;
   if (any_sliding) ComputeRope(c.rope_freq_base_swa, c.rope_freq_scale_swa, &rope_swa_);
 
-  // Embedding lookup.
+  if (begin_layer == 0) {
+    Embed(batch);
+  } else {
+    std::copy(hidden_in.begin(), hidden_in.end(), x_.begin());
+  }
+  for (int l = begin_layer; l < end_layer; ++l) Layer(batch, kv, l);
+  if (end_layer < c.n_layers) {
+    hidden_out->assign(x_.begin(), x_.begin() + T * c.dim);
+    return OkStatus();
+  }
+  Head(batch, logit_rows, logits);
+  return OkStatus();
+}
+
+void Transformer::Embed(std::span<const BatchItem> batch) {
+  const auto& c = config_;
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     for (int32_t tok : batch[i].tokens) {
       const auto& e = weights_.token_embd;
@@ -233,49 +263,54 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
       ++t;
     }
   }
+}
 
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = weights_.layers[l];
-    ParallelRows(T, [&](int64_t b, int64_t e) {
-      RmsNorm(&x_[b * c.dim], L.attn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
-    });
-    kernels::MatMul(L.wq, xn_.data(), T, q_.data(), pool_);
-    kernels::MatMul(L.wk, xn_.data(), T, k_.data(), pool_);
-    kernels::MatMul(L.wv, xn_.data(), T, v_.data(), pool_);
-    if (c.qk_norm) {
-      HeadNorm(q_.data(), c.n_heads, L.attn_q_norm);
-      HeadNorm(k_.data(), c.n_kv_heads, L.attn_k_norm);
-    }
-    const RopeTable& rope = c.IsSlidingLayer(l) ? rope_swa_ : rope_;
-    ApplyRope(rope, q_.data(), c.n_heads);
-    ApplyRope(rope, k_.data(), c.n_kv_heads);
-    WriteKv(batch, kv, l);
-    if (on_layer_done_) on_layer_done_(l);
-    RoundQueriesToFp16(T * c.q_dim());
-    Attention(batch, kv, l);
-    kernels::MatMul(L.wo, attn_.data(), T, xn_.data(), pool_);
-    if (c.post_norms) PostNorm(L.attn_post_norm, T);
-    for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
-
-    ParallelRows(T, [&](int64_t b, int64_t e) {
-      RmsNorm(&x_[b * c.dim], L.ffn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
-    });
-    kernels::MatMul(L.w_gate, xn_.data(), T, gate_.data(), pool_);
-    kernels::MatMul(L.w_up, xn_.data(), T, up_.data(), pool_);
-    ParallelRows(T, [&](int64_t b, int64_t e) {
-      const int64_t n = (e - b) * c.ffn_dim;
-      if (c.ffn_activation == model::FfnActivation::kGeluTanh) {
-        kernels::GeluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], n);
-      } else {
-        kernels::SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], n);
-      }
-    });
-    kernels::MatMul(L.w_down, gate_.data(), T, xn_.data(), pool_);
-    if (c.post_norms) PostNorm(L.ffn_post_norm, T);
-    for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
+void Transformer::Layer(std::span<const BatchItem> batch, PagedKvCache& kv, int l) {
+  const auto& c = config_;
+  const int64_t T = static_cast<int64_t>(token_pos_.size());
+  const LayerWeights& L = weights_.layers[l];
+  ParallelRows(T, [&](int64_t b, int64_t e) {
+    RmsNorm(&x_[b * c.dim], L.attn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
+  });
+  kernels::MatMul(L.wq, xn_.data(), T, q_.data(), pool_);
+  kernels::MatMul(L.wk, xn_.data(), T, k_.data(), pool_);
+  kernels::MatMul(L.wv, xn_.data(), T, v_.data(), pool_);
+  if (c.qk_norm) {
+    HeadNorm(q_.data(), c.n_heads, L.attn_q_norm);
+    HeadNorm(k_.data(), c.n_kv_heads, L.attn_k_norm);
   }
+  const RopeTable& rope = c.IsSlidingLayer(l) ? rope_swa_ : rope_;
+  ApplyRope(rope, q_.data(), c.n_heads);
+  ApplyRope(rope, k_.data(), c.n_kv_heads);
+  WriteKv(batch, kv, l);
+  if (on_layer_done_) on_layer_done_(l);
+  RoundQueriesToFp16(T * c.q_dim());
+  Attention(batch, kv, l);
+  kernels::MatMul(L.wo, attn_.data(), T, xn_.data(), pool_);
+  if (c.post_norms) PostNorm(L.attn_post_norm, T);
+  for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
 
-  // Final norm and output head for the rows that want logits (the last token of each item).
+  ParallelRows(T, [&](int64_t b, int64_t e) {
+    RmsNorm(&x_[b * c.dim], L.ffn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
+  });
+  kernels::MatMul(L.w_gate, xn_.data(), T, gate_.data(), pool_);
+  kernels::MatMul(L.w_up, xn_.data(), T, up_.data(), pool_);
+  ParallelRows(T, [&](int64_t b, int64_t e) {
+    const int64_t n = (e - b) * c.ffn_dim;
+    if (c.ffn_activation == model::FfnActivation::kGeluTanh) {
+      kernels::GeluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], n);
+    } else {
+      kernels::SiluMul(&gate_[b * c.ffn_dim], &up_[b * c.ffn_dim], n);
+    }
+  });
+  kernels::MatMul(L.w_down, gate_.data(), T, xn_.data(), pool_);
+  if (c.post_norms) PostNorm(L.ffn_post_norm, T);
+  for (int64_t i = 0; i < T * c.dim; ++i) x_[i] += xn_[i];
+}
+
+void Transformer::Head(std::span<const BatchItem> batch, int64_t logit_rows,
+                       std::vector<float>* logits) {
+  const auto& c = config_;
   std::vector<float>& picked = logit_in_;
   picked.resize(logit_rows * c.dim);
   for (int64_t t = 0, i = 0, r = 0; i < static_cast<int64_t>(batch.size()); ++i) {
@@ -298,7 +333,6 @@ Status Transformer::Forward(std::span<const BatchItem> batch, PagedKvCache& kv,
   if (const float cap = c.final_logit_softcap; cap > 0) {
     for (float& z : *logits) z = cap * std::tanh(z / cap);
   }
-  return OkStatus();
 }
 
 }  // namespace tandem::engine

@@ -43,7 +43,20 @@ class Transformer {
   // Appends the KV of every item's tokens to the cache (positions start_pos..start_pos+n-1)
   // and writes one row of vocab logits per item with want_logits (n rows with all_logits), in
   // item order, to *logits (resized to rows * vocab).
-  Status Forward(std::span<const BatchItem> batch, PagedKvCache& kv, std::vector<float>* logits);
+  Status Forward(std::span<const BatchItem> batch, PagedKvCache& kv, std::vector<float>* logits) {
+    return ForwardLayers(batch, kv, 0, config_.n_layers, {}, nullptr, logits);
+  }
+
+  // One stage of a pipelined prefill: layers [begin_layer, end_layer) only, writing their KV.
+  // The input is the tokens' embeddings when begin_layer == 0, else `hidden_in`: the residual
+  // stream (T, dim) after layer begin_layer - 1, as an earlier stage's *hidden_out gave it (T =
+  // tokens in the batch, item order). With end_layer == n_layers the output is the logits, as
+  // Forward; otherwise *hidden_out gets the residual stream (T, dim) after end_layer - 1 and
+  // *logits is left alone. Running the stages of a split in order over the same positions gives
+  // bit for bit what Forward gives.
+  Status ForwardLayers(std::span<const BatchItem> batch, PagedKvCache& kv, int begin_layer,
+                       int end_layer, std::span<const float> hidden_in,
+                       std::vector<float>* hidden_out, std::vector<float>* logits);
 
   // Called after each layer's KV has been written (layer index), e.g. to start moving it.
   void SetLayerDoneCallback(std::function<void(int layer)> fn) { on_layer_done_ = std::move(fn); }
@@ -67,6 +80,10 @@ class Transformer {
   void RoundQueriesToFp16(int64_t n);  // the first n values of q_
   void WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
   void Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
+  void Layer(std::span<const BatchItem> batch, PagedKvCache& kv, int layer);
+  void Embed(std::span<const BatchItem> batch);
+  // Final norm and output head over the rows that want logits.
+  void Head(std::span<const BatchItem> batch, int64_t logit_rows, std::vector<float>* logits);
 
   const model::ModelConfig& config_;
   const ModelWeights& weights_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -481,6 +482,68 @@ TEST(TransformerTest, TrimmedWindowsGiveTheSameLogits) {
   BatchItem resume{blocks, 20, {tokens.data() + 20, 1}, true};
   EXPECT_EQ(trimmed.tf->Forward({&resume, 1}, *trimmed.kv, &logits).code(),
             StatusCode::kFailedPrecondition);
+}
+
+// Pipelined prefill: two workers, each with its own KV cache, run layers [0, split) and
+// [split, n_layers) chunk by chunk, the first passing its residual stream to the second. The
+// logits after the prompt, and every layer's KV in the cache of the stage that computed it, are
+// bit for bit those of one worker running the whole model.
+TEST(TransformerTest, PipelineStagesEqualTheWholeModel) {
+  for (testing::TinyLlamaSpec spec : BothFamilies()) {
+    SCOPED_TRACE(spec.gemma3 ? "gemma3" : "llama");
+    spec.n_layers = spec.gemma3 ? 6 : 4;  // Gemma: layers 2 and 5 global
+    const auto prompt = RandomTokens(37, spec.vocab, 51);
+    const int chunk = 10;
+    Fixture whole(spec);
+    const std::vector<int32_t> blocks = Range(0, 5);
+    const auto expected = whole.RunAlone(prompt, {}, blocks, chunk);
+    for (int split = 1; split < spec.n_layers; ++split) {
+      SCOPED_TRACE("split after layer " + std::to_string(split - 1));
+      Fixture first(spec), second(spec);
+      std::vector<float> hidden, logits;
+      for (size_t s = 0; s < prompt.size(); s += chunk) {
+        const size_t n = std::min<size_t>(chunk, prompt.size() - s);
+        BatchItem item{blocks, static_cast<int>(s), {prompt.data() + s, n}, true};
+        for (Fixture* f : {&first, &second}) {
+          ASSERT_TRUE(f->kv->AttachWindow(blocks, item.start_pos, item.start_pos + n).ok());
+        }
+        ASSERT_TRUE(
+            first.tf->ForwardLayers({&item, 1}, *first.kv, 0, split, {}, &hidden, &logits).ok());
+        ASSERT_EQ(hidden.size(), n * first.config.dim);
+        const std::vector<float> passed = hidden;
+        ASSERT_TRUE(second.tf
+                        ->ForwardLayers({&item, 1}, *second.kv, split, spec.n_layers, passed,
+                                        &hidden, &logits)
+                        .ok());
+      }
+      EXPECT_EQ(MaxAbsDiff(logits, expected), 0.0f);
+      for (int l = 0; l < spec.n_layers; ++l) {
+        PagedKvCache& staged = l < split ? *first.kv : *second.kv;
+        for (int32_t b : blocks) {
+          if (whole.kv->shape().IsSliding(l) && !whole.kv->HasWindow(b)) continue;
+          ASSERT_EQ(0, std::memcmp(staged.data() + staged.LayerSliceOffset(b, l),
+                                   whole.kv->data() + whole.kv->LayerSliceOffset(b, l),
+                                   staged.LayerSliceBytes()))
+              << "layer " << l << " block " << b;
+        }
+      }
+    }
+    // A stage that does not end the model must say where its output goes, and a later stage
+    // needs one row of hidden state per token.
+    std::vector<float> logits;
+    BatchItem item{blocks, 0, {prompt.data(), 4}, true};
+    ASSERT_TRUE(whole.kv->AttachWindow(blocks, 0, 4).ok());
+    EXPECT_EQ(whole.tf->ForwardLayers({&item, 1}, *whole.kv, 0, 1, {}, nullptr, &logits).code(),
+              StatusCode::kInvalidArgument);
+    const std::vector<float> short_hidden(3 * whole.config.dim);
+    EXPECT_EQ(
+        whole.tf
+            ->ForwardLayers({&item, 1}, *whole.kv, 1, spec.n_layers, short_hidden, nullptr, &logits)
+            .code(),
+        StatusCode::kInvalidArgument);
+    EXPECT_EQ(whole.tf->ForwardLayers({&item, 1}, *whole.kv, 2, 2, {}, nullptr, &logits).code(),
+              StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(TransformerTest, RefusesBadBatches) {

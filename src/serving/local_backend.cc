@@ -320,6 +320,34 @@ class LocalBackendImpl final : public LocalBackend {
     return future.get();
   }
 
+  Status RunExclusive(std::function<Status(engine::Engine&)> fn, int64_t prefill_tokens,
+                      Clock::time_point deadline) override TANDEM_EXCLUDES(mu_) {
+    // `taken` decides, once, between the loop running fn and the caller giving up on it.
+    struct Call {
+      std::atomic<bool> taken{false};
+      std::promise<Status> done;
+    };
+    auto call = std::make_shared<Call>();
+    auto done = call->done.get_future();
+    {
+      MutexLock lock(&mu_);
+      if (stop_ || draining_) return FailedPrecondition("the server is shutting down");
+    }
+    PostToLoop([this, call, prefill_tokens, fn = std::move(fn)] {
+      if (call->taken.exchange(true)) return;  // the caller gave up
+      const Clock::time_point start = Clock::now();
+      const Status st = fn(*engine_);
+      busy_us_prefill_.fetch_add(
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+      computed_prefill_.fetch_add(prefill_tokens);
+      call->done.set_value(st);
+    });
+    if (done.wait_until(deadline) != std::future_status::ready && !call->taken.exchange(true)) {
+      return DeadlineExceeded("the engine loop did not get to the work before its deadline");
+    }
+    return done.get();  // started: it finishes whatever the deadline
+  }
+
   BackendStats Stats() const override {
     BackendStats s;
     s.running = running_count_.load();

@@ -3,6 +3,7 @@
 // and a local prefix cache.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -82,6 +83,15 @@ class LocalBackend : public GenerationBackend {
                                  std::shared_ptr<GenerationSink> sink) = 0;
   // Frees a reservation not claimed (no-op if unknown or claimed).
   virtual void CancelReservation(const std::string& id) = 0;
+
+  // Runs fn on the loop thread between two steps, with the engine to itself (its transformer,
+  // KV cache and thread pool), and returns fn's status: work outside the scheduler, such as one
+  // stage of a pipelined prefill. Its wall time counts as prefill busy time of `prefill_tokens`
+  // computed tokens (Stats). KV blocks fn allocates are not the scheduler's: the caller frees
+  // them (in another RunExclusive). DeadlineExceeded if fn has not started by `deadline` (it
+  // then never runs); FailedPrecondition when the backend is shutting down.
+  virtual Status RunExclusive(std::function<Status(engine::Engine&)> fn, int64_t prefill_tokens,
+                              Clock::time_point deadline) = 0;
 
   const engine::Engine& engine() const { return *engine_; }
 

@@ -189,6 +189,53 @@ TEST(LocalBackendTest, BusyTimeAndTokensAreCountedByPhase) {
   EXPECT_LE(s.busy_seconds_prefill + s.busy_seconds_decode, wall);
 }
 
+// Work outside the scheduler runs on the loop thread between steps with the engine to itself:
+// requests running meanwhile keep their outputs, the work's time counts as prefill, and work
+// whose deadline passes before the loop gets to it never runs.
+TEST(LocalBackendTest, ExclusiveWorkRunsBetweenSteps) {
+  auto e = LoadEngine(4096);
+  ASSERT_NE(e, nullptr);
+  std::vector<GenerationRequest> reqs = {Greedy(*e, Prompts(2)[0], 12)};
+  const std::vector<int32_t> solo = Solo(*e, reqs[0]);
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 32});
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(backend->Submit(reqs[0], sink).ok());
+  // A forward pass of its own over blocks it allocates and frees.
+  const std::vector<int32_t> prompt = reqs[0].prompt_tokens;
+  std::vector<float> logits;
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+  Status st = backend->RunExclusive(
+      [&](engine::Engine& engine) -> Status {
+        TANDEM_ASSIGN_OR_RETURN(auto blocks,
+                                engine.kv().Allocate(engine.kv().BlocksFor(prompt.size())));
+        engine::BatchItem item{blocks, 0, prompt, true};
+        const Status forward = engine.transformer().Forward({&item, 1}, engine.kv(), &logits);
+        engine.kv().Release(blocks);
+        return forward;
+      },
+      static_cast<int64_t>(prompt.size()), deadline);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(engine::Argmax(logits), solo[0]);
+  EXPECT_EQ(sink->Wait().reason, FinishReason::kLength);
+  EXPECT_EQ(sink->tokens(), solo);
+  // Its status comes back; a passed deadline means it never ran.
+  EXPECT_EQ(
+      backend->RunExclusive([](engine::Engine&) { return DataLoss("no"); }, 0, deadline).code(),
+      StatusCode::kDataLoss);
+  bool ran = false;
+  const Status late = backend->RunExclusive(
+      [&](engine::Engine&) {
+        ran = true;
+        return OkStatus();
+      },
+      0, Clock::now() - std::chrono::seconds(1));
+  if (!late.ok()) {
+    EXPECT_EQ(late.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_FALSE(ran);
+  }
+  EXPECT_GE(backend->Stats().computed_tokens_prefill, static_cast<int64_t>(2 * prompt.size()));
+}
+
 TEST(LocalBackendTest, SharedPrefixIsServedFromCacheWithSameOutput) {
   auto e = LoadEngine(4096);
   ASSERT_NE(e, nullptr);
