@@ -130,6 +130,20 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->capture_default_str();
   cmd->add_flag("!--no-local-prefill", f.local_prefill,
                 "Never compute a prompt on its decode worker (no conditional disaggregation)");
+  cmd->add_option("--pipeline-min-tokens", f.pipeline_min_tokens,
+                  "Chunked pipeline-parallel prefill: a prompt with at least this many uncached "
+                  "tokens is prefilled by several prefill workers at once, each a range of layers "
+                  "(0: never)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--pipeline-max-stages", f.pipeline_max_stages,
+                  "Prefill workers in one prefill pipeline at most")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  cmd->add_option("--pipeline-chunk-tokens", f.pipeline_chunk_tokens,
+                  "Prompt positions per chunk flowing through a prefill pipeline")
+      ->check(CLI::Range(16, 1 << 20))
+      ->capture_default_str();
   AddPlannerFlags(cmd, f.planner);  // ignored by --mode colocated
 }
 
@@ -488,6 +502,9 @@ int RunServe(const ServeFlags& f) {
   co.placement = *conductor::ParsePlacementPolicy(f.placement_policy);  // checked by the flag
   co.admission = *conductor::ParseAdmissionPolicy(f.admission);
   co.local_prefill = f.local_prefill;
+  co.pipeline = {.min_tokens = f.pipeline_min_tokens,
+                 .max_stages = f.pipeline_max_stages,
+                 .chunk_tokens = f.pipeline_chunk_tokens};
   co.slo_ttft_s = f.slo_ttft_ms / 1000.0;
   co.slo_tbt_s = f.slo_tbt_ms / 1000.0;
   co.vocab_size = config.vocab_size;

@@ -49,6 +49,12 @@ struct ServeFlags {
   double slo_ttft_ms = 0;     // 0: none (a request may set its own)
   double slo_tbt_ms = 0;
   PlannerKnobs planner;  // elastic pools
+  // Chunked pipeline-parallel prefill (conductor/policy/pipeline.h): prompts with at least this
+  // many tokens the decode side lacks are prefilled by a pipeline of up to
+  // pipeline_max_stages prefill workers (0: never).
+  int pipeline_min_tokens = 0;
+  int pipeline_max_stages = 2;
+  int pipeline_chunk_tokens = 1024;
 };
 
 // Registers the subcommand and its flags on `app`; the flags object must outlive parsing.

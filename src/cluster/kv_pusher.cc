@@ -128,6 +128,11 @@ void KvPusher::WaitAll() {
   batches_.clear();
 }
 
+Status KvPusher::Flush() {
+  WaitAll();
+  return status_;
+}
+
 Status KvPusher::Finish(const std::string& notification) {
   const auto start = Clock::now();
   // Every earlier layer must have landed before the notification can say "complete".

@@ -44,6 +44,11 @@ class KvPusher : public serving::KvObserver {
   // (never past the deadline) and frees them. The first failure is returned.
   Status Finish(const std::string& notification);
 
+  // Waits for every batch submitted so far (never past the deadline) and returns the first
+  // failure: for a pipeline stage that ends before the model's last layer, its part is then
+  // complete (protocol.h PipelineStage).
+  Status Flush();
+
   uint64_t bytes_sent() const { return bytes_; }
   // Seconds Finish waited for transfers after the last layer was computed.
   double tail_seconds() const { return tail_seconds_; }

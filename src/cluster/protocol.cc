@@ -1,5 +1,7 @@
 #include "cluster/protocol.h"
 
+#include <bit>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "common/json_numbers.h"
@@ -233,6 +235,8 @@ std::string WorkerInfo::ToJson() const {
               {"incarnation", incarnation},
               {"max_batch_tokens", max_batch_tokens},
               {"max_num_seqs", max_num_seqs},
+              {"layer_windows", layer_windows},
+              {"model_dim", model_dim},
               {"cost", json::parse(cost.ToJson())}}
       .dump();
 }
@@ -254,6 +258,8 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
     w.incarnation = j.value("incarnation", int64_t{0});
     w.max_batch_tokens = j.value("max_batch_tokens", 256);
     w.max_num_seqs = j.value("max_num_seqs", 0);
+    w.layer_windows = j.value("layer_windows", std::vector<int>{});
+    w.model_dim = j.value("model_dim", 0);
     if (j.contains("cost")) {
       auto cost = conductor::CostModel::FromJson(j.at("cost").dump());
       if (cost.ok()) w.cost = std::move(*cost);  // an unreadable profile: no predictions
@@ -379,12 +385,19 @@ StatusOr<DecodeCall> DecodeCall::FromJson(const std::string& text) {
 }
 
 std::string PrefillCall::ToJson() const {
-  return json{{"id", id},
-              {"prompt_tokens", prompt_tokens},
-              {"sampling", SamplingJson(sampling)},
-              {"timeout_ms", timeout_ms},
-              {"target", TargetJson(target)}}
-      .dump();
+  json j{{"id", id},
+         {"prompt_tokens", prompt_tokens},
+         {"sampling", SamplingJson(sampling)},
+         {"timeout_ms", timeout_ms},
+         {"target", TargetJson(target)}};
+  if (stage.pipelined()) {
+    j["stage"] = {{"session", stage.session},         {"index", stage.index},
+                  {"stages", stage.stages},           {"begin_layer", stage.begin_layer},
+                  {"end_layer", stage.end_layer},     {"chunk_tokens", stage.chunk_tokens},
+                  {"next_worker", stage.next_worker}, {"next_host", stage.next_host},
+                  {"next_port", stage.next_port}};
+  }
+  return j.dump();
 }
 
 StatusOr<PrefillCall> PrefillCall::FromJson(const std::string& text) {
@@ -395,6 +408,30 @@ StatusOr<PrefillCall> PrefillCall::FromJson(const std::string& text) {
     if (j.contains("sampling")) c.sampling = SamplingFrom(j.at("sampling"));
     c.timeout_ms = j.value("timeout_ms", int64_t{600000});
     c.target = TargetFrom(j.at("target"));
+    if (j.contains("stage")) {
+      const json& s = j.at("stage");
+      PipelineStage& st = c.stage;
+      st.session = s.at("session").get<std::string>();
+      st.index = s.at("index").get<int>();
+      st.stages = s.at("stages").get<int>();
+      st.begin_layer = s.at("begin_layer").get<int>();
+      st.end_layer = s.at("end_layer").get<int>();
+      st.chunk_tokens = s.at("chunk_tokens").get<int>();
+      st.next_worker = s.value("next_worker", "");
+      st.next_host = s.value("next_host", "");
+      st.next_port = s.value("next_port", 0);
+      if (st.session.empty() || st.stages < 1 || st.index < 0 || st.index >= st.stages ||
+          st.begin_layer < 0 || st.end_layer <= st.begin_layer || st.chunk_tokens < 1) {
+        return InvalidArgument(
+            "prefill call: stage " + std::to_string(st.index) + " of " + std::to_string(st.stages) +
+            " (layers " + std::to_string(st.begin_layer) + ".." + std::to_string(st.end_layer) +
+            ", chunks of " + std::to_string(st.chunk_tokens) + ") is not a pipeline stage");
+      }
+      if (!st.last() && (st.next_host.empty() || st.next_port <= 0 || st.next_port > 65535)) {
+        return InvalidArgument(
+            "prefill call: a stage before the last needs the next one's address");
+      }
+    }
     if (c.id.empty()) return InvalidArgument("prefill call without an id");
     if (c.timeout_ms <= 0) return InvalidArgument("prefill call: timeout must be positive");
     return c;
@@ -439,7 +476,9 @@ std::string PrefillResult::ToJson() const {
          {"queue_seconds", queue_seconds},
          {"prefill_seconds", prefill_seconds},
          {"transfer_seconds", transfer_seconds},
-         {"kv_bytes", kv_bytes}};
+         {"kv_bytes", kv_bytes},
+         {"stage_bytes_sent", stage_bytes_sent},
+         {"stage_wait_seconds", stage_wait_seconds}};
   PutSampled(first_token, "first_token", &j);
   return j.dump();
 }
@@ -453,8 +492,53 @@ StatusOr<PrefillResult> PrefillResult::FromJson(const std::string& text) {
     r.prefill_seconds = j.value("prefill_seconds", 0.0);
     r.transfer_seconds = j.value("transfer_seconds", 0.0);
     r.kv_bytes = j.value("kv_bytes", uint64_t{0});
+    r.stage_bytes_sent = j.value("stage_bytes_sent", uint64_t{0});
+    r.stage_wait_seconds = j.value("stage_wait_seconds", 0.0);
     return r;
   });
+}
+
+std::string StageInput::Encode() const {
+  json j{{"id", id}, {"start", start}, {"n", n}, {"last", last}};
+  if (!error.ok()) j["error"] = json::parse(ErrorJson(error)).at("error");
+  std::string out = j.dump();
+  out.push_back('\n');
+  static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
+  out.append(reinterpret_cast<const char*>(hidden.data()), hidden.size() * sizeof(float));
+  return out;
+}
+
+StatusOr<StageInput> StageInput::Decode(std::string_view body, int dim) {
+  const size_t eol = body.find('\n');
+  if (eol == std::string_view::npos) return InvalidArgument("stage input without a header line");
+  auto header = Parse<StageInput>(
+      std::string(body.substr(0, eol)), "stage input", [](const json& j) -> StatusOr<StageInput> {
+        StageInput in;
+        in.id = j.at("id").get<std::string>();
+        in.start = j.at("start").get<int>();
+        in.n = j.at("n").get<int>();
+        in.last = j.value("last", false);
+        if (j.contains("error")) {
+          in.error = StatusFromErrorJson(json{{"error", j.at("error")}}.dump(),
+                                         "the previous stage failed");
+          if (in.error.ok()) in.error = Unavailable("the previous stage failed");
+        }
+        if (in.id.empty() || in.start < 0 || in.n < 0) {
+          return InvalidArgument("stage input: an id and a non-negative chunk are needed");
+        }
+        return in;
+      });
+  if (!header.ok()) return header.status();
+  StageInput in = std::move(*header);
+  const std::string_view data = body.substr(eol + 1);
+  if (!in.error.ok()) return in;
+  if (dim <= 0 || data.size() != static_cast<size_t>(in.n) * dim * sizeof(float)) {
+    return InvalidArgument("stage input: " + std::to_string(data.size()) + " bytes for " +
+                           std::to_string(in.n) + " tokens of width " + std::to_string(dim));
+  }
+  in.hidden.resize(static_cast<size_t>(in.n) * dim);
+  std::memcpy(in.hidden.data(), data.data(), data.size());
+  return in;
 }
 
 std::string DecodeEvent::ToJson() const {

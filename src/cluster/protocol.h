@@ -9,6 +9,8 @@
 //                                     asked), "token"..., then one "finish" or "error"
 //   POST /v1/prefill  PrefillCall ->  PrefillResult (200) or {"error": {...}} (4xx/5xx)
 //   POST /v1/cancel   {"id"}      ->  frees what the worker holds for the request
+//   POST /v1/stage_input StageInput -> {} once the chunk is queued for the request's stage
+//                                     (a pipelined prefill, see PipelineStage)
 //   POST /v1/role     RoleChange  ->  RoleChangeResult: the worker takes the new role at once
 //                                     (calls of a kind it no longer does are refused with
 //                                     FAILED_PRECONDITION), lets the work it holds finish, and
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -56,6 +59,10 @@ struct WorkerInfo {
   int max_batch_tokens = 256;  // tokens per forward step (chunk of a local prefill)
   int max_num_seqs = 0;        // sequences decoded at once at most (0: unknown)
   conductor::CostModel cost;   // fitted at start or loaded; invalid: none
+  // Per layer: the window its queries see (tokens), 0 for full attention. Empty: every layer
+  // is global. With `cost`, what the conductor splits a pipelined prefill's layers by.
+  std::vector<int> layer_windows = {};
+  int model_dim = 0;  // width of the residual stream (a pipeline stage's output per token)
 
   std::string ToJson() const;
   static StatusOr<WorkerInfo> FromJson(const std::string& json);
@@ -115,12 +122,38 @@ struct DecodeCall {
   static StatusOr<DecodeCall> FromJson(const std::string& json);
 };
 
+// Chunked pipeline-parallel prefill (Mooncake's CPP): one long prompt's prefill spread over a
+// group of prefill workers. Stage i computes layers [begin_layer, end_layer) of every chunk of
+// chunk_tokens positions, in order, and passes each chunk's residual stream (chunk x model_dim
+// floats) to stage i + 1 (POST /v1/stage_input), so that different chunks of one prompt are
+// computed at the same time on different workers. Every stage writes its own layers' KV into
+// the decode worker's reservation as a whole prefill would. The last stage samples the first
+// token and sends the notification; an earlier stage hands its last chunk on only once its KV
+// has landed, so the notification still means "all of it is there".
+struct PipelineStage {
+  // Names this attempt's pipeline on every stage (the request id and an attempt number): the
+  // chunks between stages carry it, and POST /v1/cancel with it as the id stops every stage.
+  std::string session = {};
+  int index = 0;   // 0 .. stages - 1
+  int stages = 1;  // 1: not pipelined
+  int begin_layer = 0;
+  int end_layer = 0;  // exclusive
+  int chunk_tokens = 1024;
+  // The next stage's worker (every stage but the last).
+  std::string next_worker = {}, next_host = {};
+  int next_port = 0;
+
+  bool pipelined() const { return stages > 1; }
+  bool last() const { return index + 1 == stages; }
+};
+
 struct PrefillCall {
   std::string id;
   std::vector<int32_t> prompt_tokens;
   engine::SamplingParams sampling;
   int64_t timeout_ms = 600000;
   KvTarget target;
+  PipelineStage stage;  // one stage of a pipelined prefill when stage.pipelined()
 
   std::string ToJson() const;
   static StatusOr<PrefillCall> FromJson(const std::string& json);
@@ -133,9 +166,30 @@ struct PrefillResult {
   double prefill_seconds = 0;   // first scheduled -> last layer computed
   double transfer_seconds = 0;  // KV still moving after that
   uint64_t kv_bytes = 0;
+  // A pipeline stage (PipelineStage): the residual-stream bytes it sent to the next stage, and
+  // the seconds it spent waiting for the previous stage's chunks (its pipeline bubbles). An
+  // earlier stage's first_token is -1.
+  uint64_t stage_bytes_sent = 0;
+  double stage_wait_seconds = 0;
 
   std::string ToJson() const;
   static StatusOr<PrefillResult> FromJson(const std::string& json);
+};
+
+// One chunk of a pipelined prefill's residual stream, from a stage to the next; or, with a
+// non-OK error, the news that the sending stage failed. On the wire: this header as one JSON
+// line, "\n", then n x dim little-endian float32 values.
+struct StageInput {
+  std::string id;  // the pipeline's session (PipelineStage::session)
+  int start = 0;   // position of the chunk's first token
+  int n = 0;       // tokens in the chunk
+  bool last = false;
+  Status error;
+  std::vector<float> hidden;  // (n, dim)
+
+  std::string Encode() const;
+  // InvalidArgument unless hidden holds n x dim values (dim > 0).
+  static StatusOr<StageInput> Decode(std::string_view body, int dim);
 };
 
 // One line of the /v1/decode stream.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 namespace tandem::cluster {
 namespace {
 
@@ -112,6 +114,69 @@ TEST(ProtocolTest, MessagesRoundTrip) {
       StatusFromErrorJson(ErrorJson(Status(StatusCode::kResourceExhausted, "full")), "x");
   EXPECT_EQ(back.code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(back.message(), "full");
+}
+
+// A pipelined prefill's stage description and the residual stream between stages survive the
+// wire exactly; inconsistent stages and short chunks are refused.
+TEST(ProtocolTest, PipelineStagesRoundTrip) {
+  PrefillCall call;
+  call.id = "cmpl-long";
+  call.prompt_tokens = {1, 2, 3};
+  call.target.blocks = {4};
+  call.stage = {.session = "cmpl-long/1",
+                .index = 0,
+                .stages = 2,
+                .begin_layer = 0,
+                .end_layer = 11,
+                .chunk_tokens = 512,
+                .next_worker = "prefill-1",
+                .next_host = "10.0.0.2",
+                .next_port = 7001};
+  auto back = PrefillCall::FromJson(call.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->stage.pipelined());
+  EXPECT_FALSE(back->stage.last());
+  EXPECT_EQ(back->stage.end_layer, 11);
+  EXPECT_EQ(back->stage.chunk_tokens, 512);
+  EXPECT_EQ(back->stage.session, "cmpl-long/1");
+  EXPECT_EQ(back->stage.next_host, "10.0.0.2");
+  EXPECT_EQ(back->stage.next_port, 7001);
+  // Not pipelined: no stage on the wire.
+  call.stage = {};
+  EXPECT_FALSE(PrefillCall::FromJson(call.ToJson())->stage.pipelined());
+  // The first stage without anyone to pass its output to, an empty range.
+  call.stage = {.session = "s", .index = 0, .stages = 2, .begin_layer = 0, .end_layer = 11};
+  EXPECT_EQ(PrefillCall::FromJson(call.ToJson()).status().code(), StatusCode::kInvalidArgument);
+  call.stage = {.session = "s", .index = 1, .stages = 2, .begin_layer = 11, .end_layer = 11};
+  EXPECT_EQ(PrefillCall::FromJson(call.ToJson()).status().code(), StatusCode::kInvalidArgument);
+  call.stage = {.index = 1, .stages = 2, .begin_layer = 11, .end_layer = 18};  // no session
+  EXPECT_EQ(PrefillCall::FromJson(call.ToJson()).status().code(), StatusCode::kInvalidArgument);
+
+  StageInput in;
+  in.id = "cmpl-long/1";
+  in.start = 512;
+  in.n = 2;
+  in.last = true;
+  in.hidden = {1.5f, -0.0f, 3e-39f, 7.25f, -1e30f, 0.1f};  // 2 tokens of width 3
+  const std::string wire = in.Encode();
+  auto got = StageInput::Decode(wire, 3);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->start, 512);
+  EXPECT_TRUE(got->last);
+  ASSERT_EQ(got->hidden.size(), in.hidden.size());
+  EXPECT_EQ(0, std::memcmp(got->hidden.data(), in.hidden.data(), in.hidden.size() * 4));
+  EXPECT_EQ(StageInput::Decode(wire, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(StageInput::Decode(wire.substr(0, wire.size() - 1), 3).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(StageInput::Decode("no header", 3).status().code(), StatusCode::kInvalidArgument);
+  // A failed stage says so, with its error.
+  StageInput failed;
+  failed.id = "cmpl-long";
+  failed.error = DeadlineExceeded("stage 0 ran out of time");
+  auto news = StageInput::Decode(failed.Encode(), 3);
+  ASSERT_TRUE(news.ok());
+  EXPECT_EQ(news->error.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(news->error.message(), "stage 0 ran out of time");
 }
 
 TEST(ProtocolTest, BadMessagesAreRefusedClearly) {

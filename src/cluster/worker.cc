@@ -13,6 +13,7 @@
 
 #include "cluster/calibration.h"
 #include "cluster/kv_pusher.h"
+#include "cluster/pipeline_stage.h"
 #include "cluster/pool_bridge.h"
 #include "common/cluster_auth.h"
 #include "common/http.h"
@@ -112,6 +113,13 @@ class StreamSink : public serving::GenerationSink {
   double first_decode_seconds_ = -1;
 };
 
+// The transfer-engine notification that tells a decode worker a request's KV is complete.
+std::string KvReadyNotification(const std::string& id, int32_t first_token,
+                                const std::string& from) {
+  return json{{"kind", "kv_ready"}, {"id", id}, {"first_token", first_token}, {"from", from}}
+      .dump();
+}
+
 // The prefill side's sink: at the first token, completes the KV push and notifies.
 class PrefillSink : public serving::GenerationSink {
  public:
@@ -119,12 +127,7 @@ class PrefillSink : public serving::GenerationSink {
       : pusher_(std::move(pusher)), id_(std::move(id)), from_(std::move(from)) {}
   bool OnToken(const engine::SampledToken& token) override {
     first_token_ = token;
-    const std::string note = json{
-        {"kind", "kv_ready"},
-        {"id", id_},
-        {"first_token", token.token},
-        {"from", from_}}.dump();
-    push_status_ = pusher_->Finish(note);
+    push_status_ = pusher_->Finish(KvReadyNotification(id_, token.token, from_));
     return true;
   }
   void OnFinish(const serving::FinishInfo& info) override { done_.set_value(info); }
@@ -207,6 +210,12 @@ class WorkerImpl final : public Worker {
     }
     info_.max_batch_tokens = o.scheduler.max_batch_tokens;
     info_.max_num_seqs = o.scheduler.max_num_seqs;
+    const model::ModelConfig& mc = engine_->config();
+    info_.model_dim = mc.dim;
+    if (mc.sliding_window > 0 && mc.NumGlobalLayers() < mc.n_layers) {
+      for (int l = 0; l < mc.n_layers; ++l)
+        info_.layer_windows.push_back(mc.IsSlidingLayer(l) ? mc.sliding_window : 0);
+    }
     serving::SchedulerOptions so = o.scheduler;
     TANDEM_RETURN_IF_ERROR(StartPool(incarnation, &so));
     backend_ = serving::MakeLocalBackend(engine_.get(), so);
@@ -330,6 +339,17 @@ class WorkerImpl final : public Worker {
                    return ReplyError(res, InvalidArgument(std::string("cancel: ") + e.what()));
                  }
                  CancelPending(id, Cancelled("cancelled by the conductor"));
+                 stage_inbox_.Fail(id, Cancelled("cancelled by the conductor"));
+                 res.set_content("{}", "application/json");
+               }));
+    http_.Post("/v1/stage_input",
+               ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                 auto in = StageInput::Decode(req.body, engine_->config().dim);
+                 if (!in.ok()) return ReplyError(res, in.status());
+                 // Waits while the stage has chunks enough queued (backpressure).
+                 const Status st =
+                     stage_inbox_.Put(std::move(*in), Clock::now() + std::chrono::minutes(2));
+                 if (!st.ok()) return ReplyError(res, st);
                  res.set_content("{}", "application/json");
                }));
   }
@@ -417,6 +437,7 @@ class WorkerImpl final : public Worker {
     const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(call->timeout_ms);
     auto pusher = std::make_shared<KvPusher>(te_.get(), &engine_->kv(), *handle, call->target,
                                              n_prompt, deadline, options_.kv_transfer_timeout);
+    if (call->stage.pipelined()) return HandleStage(*call, *pusher, deadline, res);
     auto sink = std::make_shared<PrefillSink>(pusher, call->id, options_.name);
     auto finished = sink->future();
     serving::GenerationRequest g;
@@ -441,12 +462,7 @@ class WorkerImpl final : public Worker {
                                  : Internal("prefill failed: " + info.message));
     }
     if (!sink->push_status().ok()) {
-      if (pusher->failure_state() == transfer::TransferState::kTimedOut) {
-        transfer_timeouts_.fetch_add(1);
-      } else {
-        transfer_failures_.fetch_add(1);
-      }
-      DropSegment(call->target.segment);
+      CountPushFailure(*pusher, call->target.segment);
       log_->warn("{}: {}", call->id, sink->push_status().ToString());
       return ReplyError(res, Unavailable(sink->push_status().message()));
     }
@@ -457,6 +473,77 @@ class WorkerImpl final : public Worker {
     r.transfer_seconds = pusher->tail_seconds();
     r.prefill_seconds = std::max(0.0, info.ttft_seconds - info.queue_seconds - r.transfer_seconds);
     r.kv_bytes = pusher->bytes_sent();
+    res.set_content(r.ToJson(), "application/json");
+  }
+
+  void CountPushFailure(const KvPusher& pusher, const std::string& segment) {
+    if (pusher.failure_state() == transfer::TransferState::kTimedOut) {
+      transfer_timeouts_.fetch_add(1);
+    } else {
+      transfer_failures_.fetch_add(1);
+    }
+    DropSegment(segment);
+  }
+
+  // One stage of a pipelined prefill (protocol.h PipelineStage): this worker's layers of every
+  // chunk, the previous stage's output in, the next stage's input out.
+  void HandleStage(const PrefillCall& call, KvPusher& pusher, Clock::time_point deadline,
+                   httplib::Response& res) {
+    const PipelineStage& stage = call.stage;
+    const int n_layers = engine_->config().n_layers;
+    if (stage.end_layer > n_layers || stage.last() != (stage.end_layer == n_layers) ||
+        (stage.index == 0) != (stage.begin_layer == 0)) {
+      return ReplyError(
+          res, InvalidArgument(fmt::format(
+                   "stage {} of {} runs layers {}..{} of a model of {}: stages must "
+                   "cover the layers in order",
+                   stage.index, stage.stages, stage.begin_layer, stage.end_layer, n_layers)));
+    }
+    std::unique_ptr<httplib::Client> next;
+    if (!stage.last()) {
+      next = std::make_unique<httplib::Client>(stage.next_host, stage.next_port);
+      next->set_keep_alive(true);
+      SetHttpClientDeadline(*next, deadline);
+    }
+    auto send = [&](const StageInput& in) -> Status {
+      const std::string body = in.Encode();
+      const std::string peer = "pipeline stage " + stage.next_worker;
+      ClusterCallHeaders signed_call = SignClusterCall("POST", "/v1/stage_input", body);
+      auto r = next->Post("/v1/stage_input", signed_call.headers, body, "application/octet-stream");
+      if (!r) return Unavailable(peer + " did not answer: " + httplib::to_string(r.error()));
+      TANDEM_RETURN_IF_ERROR(CheckClusterReply(*r, signed_call.nonce, peer));
+      if (r->status != 200) return StatusFromErrorJson(r->body, peer + " refused a chunk");
+      return OkStatus();
+    };
+    auto notify = [&](const engine::SampledToken& t) {
+      return KvReadyNotification(call.id, t.token, options_.name);
+    };
+    const StageRun run{call.id, stage.session, call.prompt_tokens, stage, call.sampling, deadline};
+    const Clock::time_point started = Clock::now();
+    auto outcome = RunPipelineStage(run, *backend_, pusher, stage_inbox_, send, notify);
+    kv_bytes_pushed_.fetch_add(pusher.bytes_sent());
+    if (!outcome.ok()) {
+      if (pusher.failure_state() != transfer::TransferState::kCompleted) {
+        CountPushFailure(pusher, call.target.segment);
+      }
+      log_->warn("{}: pipeline stage {} of {}: {}", call.id, stage.index, stage.stages,
+                 outcome.status().ToString());
+      return ReplyError(res, outcome.status());
+    }
+    PrefillResult r;
+    r.first_token = outcome->first_token;
+    r.transfer_seconds = pusher.tail_seconds();
+    r.prefill_seconds = std::max(0.0, Seconds(Clock::now() - started) - r.transfer_seconds);
+    r.kv_bytes = pusher.bytes_sent();
+    r.stage_bytes_sent = outcome->bytes_sent;
+    r.stage_wait_seconds = outcome->wait_seconds;
+    log_->info(
+        "{}: pipeline stage {} of {} (layers {}..{}, {} tokens in chunks of {}): {:.2f} s "
+        "computing, {:.2f} s waiting for the previous stage, {:.1f} MiB to the next, {:.1f} MiB "
+        "of KV",
+        call.id, stage.index, stage.stages, stage.begin_layer, stage.end_layer,
+        call.prompt_tokens.size(), stage.chunk_tokens, outcome->compute_seconds,
+        outcome->wait_seconds, outcome->bytes_sent / 1048576.0, r.kv_bytes / 1048576.0);
     res.set_content(r.ToJson(), "application/json");
   }
 
@@ -654,6 +741,8 @@ class WorkerImpl final : public Worker {
   Mutex segments_mu_;
   // Opened decode segments.
   std::map<std::string, transfer::SegmentHandle> segments_ TANDEM_GUARDED_BY(segments_mu_);
+
+  StageInbox stage_inbox_;  // pipelined prefills: chunks from previous stages
 
   Mutex pending_mu_;
   // Decode side: reserved, waiting for KV.

@@ -16,6 +16,7 @@
 #include "common/subprocess.h"
 #include "conductor/cluster_view.h"
 #include "conductor/metrics.h"
+#include "conductor/pipelined_prefill.h"
 #include "conductor/worker_client.h"
 #include "serving/block_keys.h"
 #include "store/pool.h"
@@ -63,6 +64,7 @@ struct RequestRun {
   std::optional<serving::FinishInfo> finish;
   Status error;
   std::optional<PrefillResult> prefill_result;
+  bool pipelined = false;  // prefill_result came from a pipeline of prefill workers
   Clock::time_point first_token_at{};
   double predicted_ttft_s = 0, predicted_tbt_s = 0;  // of the placement that produced tokens
 };
@@ -733,6 +735,7 @@ class ConductorImpl final : public Conductor {
   // Runs the prefill of a reserved request, trying prefill workers until one succeeds.
   // Returns false when none could (the caller falls back to local).
   bool Prefill(RequestRun* run, const KvTarget& target) TANDEM_EXCLUDES(mu_) {
+    if (PrefillPipelined(run, target)) return true;
     std::vector<std::string> tried;
     while (!run->prefill.empty()) {
       tried.push_back(run->prefill);
@@ -777,6 +780,87 @@ class ConductorImpl final : public Conductor {
       }
     }
     return false;
+  }
+
+  // The prefill workers of a pipeline for `run`: the one placement chose, then the healthy
+  // prefill workers of the same model by predicted queue, up to pipeline.max_stages. Fewer than
+  // two when the request is not to be pipelined (ConductorOptions::pipeline).
+  std::vector<StageWorker> PipelineGroup(const RequestRun& run, const KvTarget& target)
+      TANDEM_EXCLUDES(mu_) {
+    const PipelineOptions& po = options_.pipeline;
+    const engine::SamplingParams& sp = run.r.sampling;
+    const int uncached =
+        static_cast<int>(run.r.prompt_tokens.size()) - target.skip_blocks * target.block_tokens;
+    if (po.min_tokens <= 0 || po.max_stages < 2 || run.prefill.empty() ||
+        uncached < po.min_tokens || !sp.json_schema.empty() || sp.prompt_logprobs >= 0 ||
+        sp.tool_mode != engine::SamplingParams::ToolMode::kNone) {
+      return {};
+    }
+    MutexLock lock(&mu_);
+    const ClusterView::Worker* first = view_.Find(run.prefill);
+    if (first == nullptr || !first->healthy || !first->client || first->info.model_dim <= 0) {
+      return {};
+    }
+    std::vector<std::pair<double, const ClusterView::Worker*>> others;
+    const Clock::time_point now = Clock::now();
+    for (const auto& [name, w] : view_.workers()) {
+      if (name == run.prefill || !w.healthy || !w.client || w.info.role != Role::kPrefill ||
+          w.info.model != first->info.model || w.info.n_layers != first->info.n_layers ||
+          w.info.model_dim != first->info.model_dim) {
+        continue;
+      }
+      others.emplace_back(ClusterView::QueueSeconds(w, now), &w);
+    }
+    std::stable_sort(others.begin(), others.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<StageWorker> group = {{first->info, first->client}};
+    for (const auto& [queue, w] : others) {
+      if (static_cast<int>(group.size()) >= po.max_stages) break;
+      group.push_back({w->info, w->client});
+    }
+    return group;
+  }
+
+  // Prefills `run` on a pipeline of prefill workers when it qualifies (PipelineGroup); false
+  // when it does not or the pipeline failed (one worker prefills it then).
+  bool PrefillPipelined(RequestRun* run, const KvTarget& target) TANDEM_EXCLUDES(mu_) {
+    const std::vector<StageWorker> group = PipelineGroup(*run, target);
+    if (group.size() < 2) return false;
+    PrefillCall call;
+    call.id = run->r.id;
+    call.prompt_tokens = run->r.prompt_tokens;
+    call.sampling = run->r.sampling;
+    call.timeout_ms = MillisUntil(run->r.deadline);
+    call.target = target;
+    const std::string session =
+        run->r.id + "/pipeline-" + std::to_string(pipeline_attempts_.fetch_add(1) + 1);
+    auto done = RunPipelinedPrefill(call, group, options_.pipeline, session, run->r.deadline);
+    if (!done.ok()) {
+      metrics_.pipelined_failures.fetch_add(1);
+      log_->warn("{}: pipelined prefill failed ({}); prefilling on {} alone", run->r.id,
+                 done.status().ToString(), run->prefill);
+      return false;
+    }
+    metrics_.pipelined_prefills.fetch_add(1);
+    metrics_.pipeline_stage_bytes.fetch_add(static_cast<int64_t>(done->stage_bytes));
+    std::string layout;
+    for (size_t i = 0; i < group.size(); ++i) {
+      layout += fmt::format("{}{} layers {}..{}", i ? ", " : "", group[i].info.name,
+                            done->split.bounds[i], done->split.bounds[i + 1]);
+    }
+    log_->info(
+        "{}: {} prompt tokens prefilled by a pipeline ({}) in chunks of {}: {:.2f} s (predicted "
+        "{:.2f} s; one worker {:.2f} s), {:.1f} MiB between stages, a stage waited {:.2f} s for "
+        "input at most",
+        run->r.id, call.prompt_tokens.size(), layout, options_.pipeline.chunk_tokens,
+        done->result.prefill_seconds, done->split.pipelined_seconds, done->split.single_seconds,
+        done->stage_bytes / 1048576.0, done->most_wait_seconds);
+    run->prefill_result = done->result;
+    run->pipelined = true;
+    MutexLock lock(&mu_);
+    view_.PrefillDone(run->load, run->prefill, run->decode, done->result.transfer_seconds,
+                      Clock::now());
+    return true;
   }
 
   void Run(std::unique_ptr<RequestRun> run) TANDEM_EXCLUDES(mu_) {
@@ -907,7 +991,7 @@ class ConductorImpl final : public Conductor {
       MutexLock lock(&mu_);
       expected_output_ = 0.9 * expected_output_ + 0.1 * info.completion_tokens;
       if (tbt > 0) view_.DecodeMeasured(run->decode, run->predicted_tbt_s, tbt);
-      if (run->prefill_result && !local) {
+      if (run->prefill_result && !local && !run->pipelined) {
         const int cached = run->prefill_result->cached_tokens;
         view_.PrefillMeasured(run->prefill, run->load.prompt_tokens - cached, cached,
                               run->prefill_result->prefill_seconds);
@@ -1020,6 +1104,7 @@ class ConductorImpl final : public Conductor {
   bool draining_ TANDEM_GUARDED_BY(mu_) = false;
   bool stop_ TANDEM_GUARDED_BY(mu_) = false;
   std::atomic<bool> cancel_all_{false};
+  std::atomic<uint64_t> pipeline_attempts_{0};  // names each pipeline's session
   std::atomic<double> retry_after_s_{1.0};
   ConductorMetrics metrics_;                              // thread-safe
   std::unique_ptr<store::PoolDirectory> pool_directory_;  // set at construction; thread-safe

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cluster/protocol.h"
+#include "conductor/policy/pipeline.h"
 #include "conductor/policy/placement.h"
 #include "conductor/policy/planner.h"
 #include "serving/backend.h"
@@ -55,6 +56,11 @@ struct ConductorOptions {
   double slo_ttft_s = 0;
   double slo_tbt_s = 0;
   uint64_t random_seed = 1;  // PlacementPolicy::kRandom
+  // Chunked pipeline-parallel prefill: a prompt with at least pipeline.min_tokens tokens that
+  // its decode worker lacks is prefilled by up to max_stages prefill workers at once (the one
+  // placement chose first, then the least loaded), its layers split by policy/pipeline.h.
+  // Requests with structured output or prompt logprobs are not pipelined.
+  PipelineOptions pipeline;
   // Elastic pools: every planner_interval the planner (policy/planner.h) looks at the load and
   // may switch one worker between prefill and decode (POST /v1/role).
   bool elastic = false;

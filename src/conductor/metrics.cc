@@ -215,6 +215,16 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   counter("tandem_prefill_retries_total",
           "Prefill attempts that failed and were retried elsewhere.",
           double(prefill_retries.load()));
+  counter("tandem_pipelined_prefills_total",
+          "Prompts prefilled by a pipeline of prefill workers (chunked pipeline parallelism: each "
+          "worker a range of layers, chunks flowing through them).",
+          double(pipelined_prefills.load()));
+  counter("tandem_pipelined_prefill_failures_total",
+          "Pipelined prefills that failed on some stage and were prefilled on one worker instead.",
+          double(pipelined_failures.load()));
+  counter("tandem_pipeline_stage_bytes_total",
+          "Bytes of residual stream the stages of pipelined prefills passed to each other.",
+          double(pipeline_stage_bytes.load()));
   counter("tandem_stream_migrations_total",
           "Streams whose decode worker failed mid-way, continued on another decode worker (or "
           "the restarted one) from the tokens already sent: the client saw one stream.",

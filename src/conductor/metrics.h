@@ -73,8 +73,12 @@ class ConductorMetrics {
   std::atomic<int64_t> pool_lookup_failures{0};   // ... and got no answer in time
   std::atomic<int64_t> pool_predicted_tokens{0};  // prompt tokens it said the pool holds
   std::atomic<int64_t> prefill_retries{0};
-  std::atomic<int64_t> migrations{0};         // streams continued on another decode worker
-  std::atomic<int64_t> failed_migrations{0};  // ... that could not be
+  // Pipelined prefills (policy/pipeline.h): completed, and failed (then prefilled whole).
+  std::atomic<int64_t> pipelined_prefills{0};
+  std::atomic<int64_t> pipelined_failures{0};
+  std::atomic<int64_t> pipeline_stage_bytes{0};  // residual stream moved between stages
+  std::atomic<int64_t> migrations{0};            // streams continued on another decode worker
+  std::atomic<int64_t> failed_migrations{0};     // ... that could not be
   std::atomic<int64_t> worker_failures{0};
   std::atomic<int64_t> restarts{0};
 

@@ -1,0 +1,76 @@
+#include "conductor/pipelined_prefill.h"
+
+#include <algorithm>
+#include <future>
+#include <optional>
+
+namespace tandem::conductor {
+
+StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
+                                               std::span<const StageWorker> group,
+                                               const PipelineOptions& options,
+                                               const std::string& session,
+                                               Clock::time_point deadline) {
+  const int stages = static_cast<int>(group.size());
+  if (stages < 2) return InvalidArgument("a pipeline needs at least two prefill workers");
+  const cluster::WorkerInfo& head = group[0].info;
+  CostModel cost = head.cost;
+  if (!cost.valid()) {  // no profile: every layer alike
+    cost = CostModel{};
+    cost.prefill_per_token_s = 1;
+  }
+  PipelinedPrefill out;
+  out.split = SplitLayers(cost, head.n_layers, head.layer_windows,
+                          static_cast<int64_t>(call.prompt_tokens.size()), stages,
+                          options.chunk_tokens);
+  std::vector<std::future<StatusOr<cluster::PrefillResult>>> pending;
+  for (int i = 0; i < stages; ++i) {
+    cluster::PrefillCall c = call;
+    c.stage.session = session;
+    c.stage.index = i;
+    c.stage.stages = stages;
+    c.stage.begin_layer = out.split.bounds[i];
+    c.stage.end_layer = out.split.bounds[i + 1];
+    c.stage.chunk_tokens = options.chunk_tokens;
+    if (i + 1 < stages) {
+      c.stage.next_worker = group[i + 1].info.name;
+      c.stage.next_host = group[i + 1].info.host;
+      c.stage.next_port = group[i + 1].info.port;
+    }
+    pending.push_back(std::async(std::launch::async, [client = group[i].client, c, deadline] {
+      return client->Prefill(c, deadline);
+    }));
+  }
+  // Every answer is awaited (the calls hold references to nothing here but their own copies);
+  // the first failure cancels the rest at once.
+  std::vector<std::optional<StatusOr<cluster::PrefillResult>>> got(stages);
+  Status failed;
+  for (int remaining = stages; remaining > 0;) {
+    for (int i = 0; i < stages; ++i) {
+      if (got[i] || pending[i].wait_for(std::chrono::milliseconds(20)) !=
+                        std::future_status::ready) {
+        continue;
+      }
+      got[i] = pending[i].get();
+      --remaining;
+      if (got[i]->ok() || !failed.ok()) continue;
+      failed = got[i]->status().WithContext("pipeline stage " + std::to_string(i) + " on " +
+                                            group[i].info.name);
+      for (const StageWorker& w : group) {
+        w.client->Cancel(session, Clock::now() + std::chrono::seconds(1));
+      }
+    }
+  }
+  if (!failed.ok()) return failed;
+  out.result = **got.back();
+  for (int i = 0; i < stages; ++i) {
+    const cluster::PrefillResult& r = **got[i];
+    out.stage_bytes += r.stage_bytes_sent;
+    if (i == 0) out.first_stage_seconds = r.prefill_seconds;
+    if (i > 0) out.most_wait_seconds = std::max(out.most_wait_seconds, r.stage_wait_seconds);
+    if (i + 1 < stages) out.result.kv_bytes += r.kv_bytes;
+  }
+  return out;
+}
+
+}  // namespace tandem::conductor

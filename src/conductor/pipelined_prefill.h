@@ -1,0 +1,46 @@
+// A pipelined prefill carried out (protocol.h PipelineStage, policy/pipeline.h): one prefill
+// call per stage worker, all at once, each with its range of layers and its successor's
+// address; the last stage's answer is the prefill's. The first stage that fails cancels every
+// stage (POST /v1/cancel with the pipeline's session), so none waits for chunks that will not
+// come.
+//
+// Thread-safety: a free function; the clients are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "common/status.h"
+#include "conductor/policy/pipeline.h"
+#include "conductor/worker_client.h"
+
+namespace tandem::conductor {
+
+struct StageWorker {
+  cluster::WorkerInfo info;
+  std::shared_ptr<WorkerClient> client;
+};
+
+struct PipelinedPrefill {
+  cluster::PrefillResult result;   // the last stage's (its first token)
+  LayerSplit split;                // how the layers were shared
+  uint64_t stage_bytes = 0;        // residual stream passed between stages
+  double first_stage_seconds = 0;  // stage 0's prefill time (the pipeline's fill starts there)
+  double most_wait_seconds = 0;    // the longest any later stage waited for its input
+};
+
+// Runs `call` (prompt, sampling, KV target; its stage is set here) over `group` (at least two
+// workers, group[0] computing the first layers), the layers split for the prompt's length by
+// group[0]'s cost model (by layer count without one). `session` must be unique per attempt.
+// The first stage's error (with the worker's name) when any fails.
+StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
+                                               std::span<const StageWorker> group,
+                                               const PipelineOptions& options,
+                                               const std::string& session,
+                                               Clock::time_point deadline);
+
+}  // namespace tandem::conductor
