@@ -141,7 +141,8 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
   cmd->add_option("--pipeline-chunk-tokens", f.pipeline_chunk_tokens,
-                  "Prompt positions per chunk flowing through a prefill pipeline")
+                  "Prompt positions per chunk flowing through a prefill pipeline (a shorter "
+                  "prompt uses smaller chunks, so that it has at least 16, of at least 128)")
       ->check(CLI::Range(16, 1 << 20))
       ->capture_default_str();
   AddPlannerFlags(cmd, f.planner);  // ignored by --mode colocated

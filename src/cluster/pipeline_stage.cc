@@ -136,21 +136,21 @@ StatusOr<StageOutcome> RunPipelineStage(
       const Clock::time_point computing = Clock::now();
       const std::span<const int32_t> tokens(run.prompt.data() + start, n);
       TANDEM_RETURN_IF_ERROR(backend.RunExclusive(
-          [&, state, tokens, start, n, last_chunk](engine::Engine& engine) -> Status {
-            engine::PagedKvCache& kv = engine.kv();
+          [&, state, tokens, start, n,
+           last_chunk](serving::LocalBackend::ExclusiveAccess& access) -> Status {
+            engine::PagedKvCache& kv = access.engine().kv();
             if (state->blocks.empty()) {
-              auto got = kv.Allocate(kv.BlocksFor(n_prompt));
+              auto got = access.AllocateBlocks(kv.BlocksFor(n_prompt));
               if (!got.ok()) {
-                return ResourceExhausted("no KV room for a pipeline stage of " +
-                                         std::to_string(n_prompt) + " tokens");
+                return got.status().WithContext("a pipeline stage of " + std::to_string(n_prompt) +
+                                                " tokens");
               }
               state->blocks = std::move(*got);
             }
-            TANDEM_RETURN_IF_ERROR(kv.AttachWindow(state->blocks, start, start + n));
-            engine::Transformer& tf = engine.transformer();
-            tf.SetLayerDoneCallback([&](int layer) {
-              pusher.OnLayerWritten(layer, state->blocks, start, start + n);
-            });
+            TANDEM_RETURN_IF_ERROR(access.AttachWindow(state->blocks, start, start + n));
+            engine::Transformer& tf = access.engine().transformer();
+            tf.SetLayerDoneCallback(
+                [&](int layer) { pusher.OnLayerWritten(layer, state->blocks, start, start + n); });
             engine::BatchItem item{state->blocks, start, tokens, last_chunk};
             const Status st = tf.ForwardLayers({&item, 1}, kv, stage.begin_layer, stage.end_layer,
                                                input, &state->hidden, &state->logits);
@@ -193,8 +193,8 @@ StatusOr<StageOutcome> RunPipelineStage(
     // allocator is its own), whatever the request's deadline.
     (void)pusher.Flush();
     const Status freed = backend.RunExclusive(
-        [state](engine::Engine& engine) {
-          engine.kv().Release(state->blocks);
+        [state](serving::LocalBackend::ExclusiveAccess& access) {
+          access.engine().kv().Release(state->blocks);
           state->blocks.clear();
           return OkStatus();
         },

@@ -46,8 +46,7 @@ class StageInbox {
   Status Put(StageInput in, Clock::time_point deadline) TANDEM_EXCLUDES(mu_);
   // The next chunk of `id`. DeadlineExceeded at `deadline`; the previous stage's error;
   // Cancelled after Fail.
-  StatusOr<StageInput> Take(const std::string& id, Clock::time_point deadline)
-      TANDEM_EXCLUDES(mu_);
+  StatusOr<StageInput> Take(const std::string& id, Clock::time_point deadline) TANDEM_EXCLUDES(mu_);
   // Ends `id`'s stage with `why` (the conductor cancelled it), whether it started yet or not:
   // Take and Put return it, Failed says it.
   void Fail(const std::string& id, const Status& why) TANDEM_EXCLUDES(mu_);

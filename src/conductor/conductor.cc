@@ -852,7 +852,7 @@ class ConductorImpl final : public Conductor {
         "{}: {} prompt tokens prefilled by a pipeline ({}) in chunks of {}: {:.2f} s (predicted "
         "{:.2f} s; one worker {:.2f} s), {:.1f} MiB between stages, a stage waited {:.2f} s for "
         "input at most",
-        run->r.id, call.prompt_tokens.size(), layout, options_.pipeline.chunk_tokens,
+        run->r.id, call.prompt_tokens.size(), layout, done->chunk_tokens,
         done->result.prefill_seconds, done->split.pipelined_seconds, done->split.single_seconds,
         done->stage_bytes / 1048576.0, done->most_wait_seconds);
     run->prefill_result = done->result;

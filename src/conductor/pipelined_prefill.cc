@@ -20,9 +20,9 @@ StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
     cost.prefill_per_token_s = 1;
   }
   PipelinedPrefill out;
-  out.split = SplitLayers(cost, head.n_layers, head.layer_windows,
-                          static_cast<int64_t>(call.prompt_tokens.size()), stages,
-                          options.chunk_tokens);
+  const int64_t n = static_cast<int64_t>(call.prompt_tokens.size());
+  out.chunk_tokens = PipelineChunkTokens(n, options.chunk_tokens);
+  out.split = SplitLayers(cost, head.n_layers, head.layer_windows, n, stages, out.chunk_tokens);
   std::vector<std::future<StatusOr<cluster::PrefillResult>>> pending;
   for (int i = 0; i < stages; ++i) {
     cluster::PrefillCall c = call;
@@ -31,7 +31,7 @@ StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
     c.stage.stages = stages;
     c.stage.begin_layer = out.split.bounds[i];
     c.stage.end_layer = out.split.bounds[i + 1];
-    c.stage.chunk_tokens = options.chunk_tokens;
+    c.stage.chunk_tokens = out.chunk_tokens;
     if (i + 1 < stages) {
       c.stage.next_worker = group[i + 1].info.name;
       c.stage.next_host = group[i + 1].info.host;
@@ -47,8 +47,8 @@ StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
   Status failed;
   for (int remaining = stages; remaining > 0;) {
     for (int i = 0; i < stages; ++i) {
-      if (got[i] || pending[i].wait_for(std::chrono::milliseconds(20)) !=
-                        std::future_status::ready) {
+      if (got[i] ||
+          pending[i].wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
         continue;
       }
       got[i] = pending[i].get();

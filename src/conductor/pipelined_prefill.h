@@ -28,6 +28,7 @@ struct StageWorker {
 struct PipelinedPrefill {
   cluster::PrefillResult result;   // the last stage's (its first token)
   LayerSplit split;                // how the layers were shared
+  int chunk_tokens = 0;            // positions per chunk (PipelineChunkTokens)
   uint64_t stage_bytes = 0;        // residual stream passed between stages
   double first_stage_seconds = 0;  // stage 0's prefill time (the pipeline's fill starts there)
   double most_wait_seconds = 0;    // the longest any later stage waited for its input

@@ -320,7 +320,7 @@ class LocalBackendImpl final : public LocalBackend {
     return future.get();
   }
 
-  Status RunExclusive(std::function<Status(engine::Engine&)> fn, int64_t prefill_tokens,
+  Status RunExclusive(std::function<Status(ExclusiveAccess&)> fn, int64_t prefill_tokens,
                       Clock::time_point deadline) override TANDEM_EXCLUDES(mu_) {
     // `taken` decides, once, between the loop running fn and the caller giving up on it.
     struct Call {
@@ -336,7 +336,8 @@ class LocalBackendImpl final : public LocalBackend {
     PostToLoop([this, call, prefill_tokens, fn = std::move(fn)] {
       if (call->taken.exchange(true)) return;  // the caller gave up
       const Clock::time_point start = Clock::now();
-      const Status st = fn(*engine_);
+      Access access(this);
+      const Status st = fn(access);
       busy_us_prefill_.fetch_add(
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
       computed_prefill_.fetch_add(prefill_tokens);
@@ -347,6 +348,29 @@ class LocalBackendImpl final : public LocalBackend {
     }
     return done.get();  // started: it finishes whatever the deadline
   }
+
+  // RunExclusive's view of the loop (loop thread only).
+  class Access final : public ExclusiveAccess {
+   public:
+    explicit Access(LocalBackendImpl* b) : b_(b) {}
+    engine::Engine& engine() override { return *b_->engine_; }
+    StatusOr<std::vector<int32_t>> AllocateBlocks(int n) override {
+      if (b_->kv_.num_free() < n) b_->prefix_cache_.Evict(n - b_->kv_.num_free());
+      auto got = b_->kv_.Allocate(n);
+      if (!got.ok()) {
+        return ResourceExhausted("no room for " + std::to_string(n) + " KV blocks (" +
+                                 std::to_string(b_->kv_.num_free()) + " free, the rest in use)");
+      }
+      return got;
+    }
+    Status AttachWindow(std::span<const int32_t> table, int64_t first_pos,
+                        int64_t end_pos) override {
+      return b_->AttachWindow(table, first_pos, end_pos);
+    }
+
+   private:
+    LocalBackendImpl* b_;
+  };
 
   BackendStats Stats() const override {
     BackendStats s;

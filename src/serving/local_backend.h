@@ -84,13 +84,29 @@ class LocalBackend : public GenerationBackend {
   // Frees a reservation not claimed (no-op if unknown or claimed).
   virtual void CancelReservation(const std::string& id) = 0;
 
-  // Runs fn on the loop thread between two steps, with the engine to itself (its transformer,
-  // KV cache and thread pool), and returns fn's status: work outside the scheduler, such as one
-  // stage of a pipelined prefill. Its wall time counts as prefill busy time of `prefill_tokens`
-  // computed tokens (Stats). KV blocks fn allocates are not the scheduler's: the caller frees
-  // them (in another RunExclusive). DeadlineExceeded if fn has not started by `deadline` (it
-  // then never runs); FailedPrecondition when the backend is shutting down.
-  virtual Status RunExclusive(std::function<Status(engine::Engine&)> fn, int64_t prefill_tokens,
+  // What work outside the scheduler gets on the loop thread (RunExclusive): the engine to
+  // itself (its transformer, KV cache and thread pool), and KV memory taken the way the
+  // scheduler takes it, from cached prefix blocks when none is free.
+  class ExclusiveAccess {
+   public:
+    virtual engine::Engine& engine() = 0;
+    // n blocks, evicting prefix-cache blocks if too few are free; ResourceExhausted otherwise.
+    // They are the caller's (free them with engine().kv().Release in a later RunExclusive).
+    virtual StatusOr<std::vector<int32_t>> AllocateBlocks(int n) = 0;
+    // Window storage for positions [first_pos, end_pos) of `table` (sliding-window models),
+    // taking it back from the prefix cache and from what running sequences moved past first.
+    virtual Status AttachWindow(std::span<const int32_t> table, int64_t first_pos,
+                                int64_t end_pos) = 0;
+
+   protected:
+    ~ExclusiveAccess() = default;
+  };
+
+  // Runs fn on the loop thread between two steps and returns its status: work outside the
+  // scheduler, such as one stage of a pipelined prefill. Its wall time counts as prefill busy
+  // time of `prefill_tokens` computed tokens (Stats). DeadlineExceeded if fn has not started by
+  // `deadline` (it then never runs); FailedPrecondition when the backend is shutting down.
+  virtual Status RunExclusive(std::function<Status(ExclusiveAccess&)> fn, int64_t prefill_tokens,
                               Clock::time_point deadline) = 0;
 
   const engine::Engine& engine() const { return *engine_; }

@@ -205,9 +205,10 @@ TEST(LocalBackendTest, ExclusiveWorkRunsBetweenSteps) {
   std::vector<float> logits;
   const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
   Status st = backend->RunExclusive(
-      [&](engine::Engine& engine) -> Status {
+      [&](LocalBackend::ExclusiveAccess& access) -> Status {
+        engine::Engine& engine = access.engine();
         TANDEM_ASSIGN_OR_RETURN(auto blocks,
-                                engine.kv().Allocate(engine.kv().BlocksFor(prompt.size())));
+                                access.AllocateBlocks(engine.kv().BlocksFor(prompt.size())));
         engine::BatchItem item{blocks, 0, prompt, true};
         const Status forward = engine.transformer().Forward({&item, 1}, engine.kv(), &logits);
         engine.kv().Release(blocks);
@@ -220,11 +221,13 @@ TEST(LocalBackendTest, ExclusiveWorkRunsBetweenSteps) {
   EXPECT_EQ(sink->tokens(), solo);
   // Its status comes back; a passed deadline means it never ran.
   EXPECT_EQ(
-      backend->RunExclusive([](engine::Engine&) { return DataLoss("no"); }, 0, deadline).code(),
+      backend
+          ->RunExclusive([](LocalBackend::ExclusiveAccess&) { return DataLoss("no"); }, 0, deadline)
+          .code(),
       StatusCode::kDataLoss);
   bool ran = false;
   const Status late = backend->RunExclusive(
-      [&](engine::Engine&) {
+      [&](LocalBackend::ExclusiveAccess&) {
         ran = true;
         return OkStatus();
       },
@@ -234,6 +237,30 @@ TEST(LocalBackendTest, ExclusiveWorkRunsBetweenSteps) {
     EXPECT_FALSE(ran);
   }
   EXPECT_GE(backend->Stats().computed_tokens_prefill, static_cast<int64_t>(2 * prompt.size()));
+}
+
+// Exclusive work takes KV memory the way the scheduler does: blocks the prefix cache holds
+// are evicted for it when too few are free.
+TEST(LocalBackendTest, ExclusiveWorkEvictsCachedPrefixes) {
+  auto e = LoadEngine(512);  // 32 blocks of 16
+  ASSERT_NE(e, nullptr);
+  auto backend = MakeLocalBackend(e.get(), {.max_num_seqs = 4, .max_batch_tokens = 64});
+  GenerationRequest r = Greedy(*e, Prompts(1)[0], 4);
+  while (r.prompt_tokens.size() < 300) r.prompt_tokens.push_back(r.prompt_tokens.back());
+  SubmitAll(*backend, {r});
+  ASSERT_GT(backend->Stats().kv_blocks_cached, 10);  // the prompt's blocks stay cached
+  int free_before = 0;
+  const Status st = backend->RunExclusive(
+      [&](LocalBackend::ExclusiveAccess& access) -> Status {
+        free_before = access.engine().kv().num_free();
+        TANDEM_ASSIGN_OR_RETURN(auto blocks, access.AllocateBlocks(30));
+        access.engine().kv().Release(blocks);
+        EXPECT_EQ(access.AllocateBlocks(33).status().code(), StatusCode::kResourceExhausted);
+        return OkStatus();
+      },
+      0, Clock::now() + std::chrono::seconds(30));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(free_before, 30);
 }
 
 TEST(LocalBackendTest, SharedPrefixIsServedFromCacheWithSameOutput) {

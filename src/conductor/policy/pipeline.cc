@@ -5,6 +5,13 @@
 
 namespace tandem::conductor {
 
+int PipelineChunkTokens(int64_t n_tokens, int max_chunk) {
+  const int64_t even = (n_tokens + kMinPipelineChunks - 1) / kMinPipelineChunks;
+  const int64_t rounded = (even + 15) / 16 * 16;
+  return static_cast<int>(
+      std::min<int64_t>(max_chunk, std::max<int64_t>(kMinPipelineChunkTokens, rounded)));
+}
+
 std::vector<double> LayerSeconds(const CostModel& cost, int n_layers,
                                  std::span<const int> layer_windows, int64_t n_tokens) {
   std::vector<double> out(n_layers, 0.0);
@@ -62,8 +69,7 @@ LayerSplit SplitLayers(const CostModel& cost, int n_layers, std::span<const int>
   split.single_seconds = prefix[n_layers] + cost.prefill_base_s;
   const double chunks =
       std::max<double>(1.0, static_cast<double>(n_tokens) / std::max(1, chunk_tokens));
-  split.pipelined_seconds =
-      slowest + (prefix[n_layers] - slowest) / chunks + cost.prefill_base_s;
+  split.pipelined_seconds = slowest + (prefix[n_layers] - slowest) / chunks + cost.prefill_base_s;
   return split;
 }
 

@@ -21,7 +21,7 @@ namespace tandem::conductor {
 struct PipelineOptions {
   int min_tokens = 0;       // uncached prompt tokens from which a prefill is pipelined (0: never)
   int max_stages = 2;       // prefill workers of one pipeline at most
-  int chunk_tokens = 1024;  // positions per chunk flowing through the stages
+  int chunk_tokens = 1024;  // positions per chunk flowing through the stages, at most
 };
 
 struct LayerSplit {
@@ -32,6 +32,14 @@ struct LayerSplit {
   // and last chunks (filling and draining the pipeline).
   double pipelined_seconds = 0;
 };
+
+// The chunk a pipeline of a prompt of n_tokens uses: max_chunk, or less for a shorter prompt so
+// that it has at least kMinPipelineChunks chunks (filling and draining a pipeline of C chunks
+// costs about 1/C of the work of the stages that wait), never below kMinPipelineChunkTokens
+// (a step's fixed costs), a multiple of 16.
+inline constexpr int kMinPipelineChunks = 16;
+inline constexpr int kMinPipelineChunkTokens = 128;
+int PipelineChunkTokens(int64_t n_tokens, int max_chunk);
 
 // Predicted seconds of each layer for a prefill of n_tokens new tokens from position 0.
 // layer_windows: per layer its attention window, 0 for full attention (empty: all full).

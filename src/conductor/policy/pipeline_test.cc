@@ -67,5 +67,12 @@ TEST(PipelineSplitTest, UniformLayersSplitEvenlyAndStagesAreBounded) {
   EXPECT_NEAR(one.pipelined_seconds, one.single_seconds, 1e-9);
 }
 
+TEST(PipelineSplitTest, ShorterPromptsGetSmallerChunks) {
+  EXPECT_EQ(PipelineChunkTokens(32000, 1024), 1024);  // 32 chunks
+  EXPECT_EQ(PipelineChunkTokens(4000, 1024), 256);    // 16 chunks of 250, rounded up to 16
+  EXPECT_EQ(PipelineChunkTokens(1000, 1024), 128);    // not below 128
+  EXPECT_EQ(PipelineChunkTokens(1000, 40), 40);       // never above the chosen chunk
+}
+
 }  // namespace
 }  // namespace tandem::conductor
