@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+import two_hosts  # bench/, beside this script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NS_A, NS_B = f"tandem-ca-{os.getpid()}", f"tandem-cb-{os.getpid()}"
@@ -40,21 +42,10 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def sh(*args):
-    subprocess.run(args, check=True, capture_output=True)
-
-
 class Cluster:
     def __init__(self, args, tmp):
         self.args, self.tmp, self.procs, self.logs = args, tmp, [], {}
-        sh("ip", "netns", "add", NS_A)
-        sh("ip", "netns", "add", NS_B)
-        sh("ip", "link", "add", "veth-pa", "netns", NS_A, "type", "veth", "peer", "name",
-           "veth-pb", "netns", NS_B)
-        for ns, dev, addr in ((NS_A, "veth-pa", ADDR_A), (NS_B, "veth-pb", ADDR_B)):
-            sh("ip", "-n", ns, "addr", "add", addr + "/30", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        two_hosts.make(NS_A, NS_B, ADDR_A, ADDR_B, dev="veth-pp")
         token_file = os.path.join(tmp, "token")
         with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(TOKEN + "\n")
@@ -144,16 +135,8 @@ class Cluster:
         return first
 
     def stop(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        for ns in (NS_A, NS_B):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        two_hosts.stop(self.procs, timeout=30)
+        two_hosts.drop(NS_A, NS_B)
 
 
 def prompt_ids(cluster, n, tag):

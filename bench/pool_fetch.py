@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import two_hosts  # bench/, beside this script
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NS_A, NS_B = f"tandem-pa-{os.getpid()}", f"tandem-pb-{os.getpid()}"
@@ -82,14 +84,7 @@ class Cluster:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     def stop(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        two_hosts.stop(self.procs)
 
 
 def pool_run(args, cluster, protocols, batch):
@@ -136,21 +131,11 @@ def engine_across(args, cluster, batch):
 
 
 def make_namespaces():
-    def sh(*a):
-        subprocess.run(a, check=True, capture_output=True)
-    sh("ip", "netns", "add", NS_A)
-    sh("ip", "netns", "add", NS_B)
-    sh("ip", "link", "add", "veth-pa", "netns", NS_A, "type", "veth", "peer", "name", "veth-pb",
-       "netns", NS_B)
-    for ns, dev, addr in ((NS_A, "veth-pa", ADDR_A), (NS_B, "veth-pb", ADDR_B)):
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", dev)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    two_hosts.make(NS_A, NS_B, ADDR_A, ADDR_B, dev="veth-p")
 
 
 def drop_namespaces():
-    for ns in (NS_A, NS_B):
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    two_hosts.drop(NS_A, NS_B)
 
 
 def main():

@@ -69,6 +69,17 @@ struct RequestRun {
   double predicted_ttft_s = 0, predicted_tbt_s = 0;  // of the placement that produced tokens
 };
 
+// The prefill call of `run` into `target` (for one worker; a pipeline sets each stage's part).
+PrefillCall PrefillCallFor(const RequestRun& run, const KvTarget& target) {
+  PrefillCall call;
+  call.id = run.r.id;
+  call.prompt_tokens = run.r.prompt_tokens;
+  call.sampling = run.r.sampling;
+  call.timeout_ms = MillisUntil(run.r.deadline);
+  call.target = target;
+  return call;
+}
+
 class ConductorImpl final : public Conductor {
  public:
   explicit ConductorImpl(ConductorOptions o)
@@ -742,14 +753,9 @@ class ConductorImpl final : public Conductor {
       const auto client = ClientOf(run->prefill);
       Status st;
       if (client) {
-        PrefillCall call;
-        call.id = run->r.id;
-        call.prompt_tokens = run->r.prompt_tokens;
-        call.sampling = run->r.sampling;
-        call.timeout_ms = MillisUntil(run->r.deadline);
-        call.target = target;
         bool connection_failed = false;
-        auto result = client->Prefill(call, run->r.deadline, &connection_failed);
+        auto result =
+            client->Prefill(PrefillCallFor(*run, target), run->r.deadline, &connection_failed);
         if (result.ok()) {
           run->prefill_result = *result;
           MutexLock lock(&mu_);
@@ -782,43 +788,17 @@ class ConductorImpl final : public Conductor {
     return false;
   }
 
-  // The prefill workers of a pipeline for `run`: the one placement chose, then the healthy
-  // prefill workers of the same model by predicted queue, up to pipeline.max_stages. Fewer than
-  // two when the request is not to be pipelined (ConductorOptions::pipeline).
+  // The prefill workers of a pipeline for `run` (ChoosePipelineGroup); fewer than two when it is
+  // not to be pipelined (WantsPipeline).
   std::vector<StageWorker> PipelineGroup(const RequestRun& run, const KvTarget& target)
       TANDEM_EXCLUDES(mu_) {
-    const PipelineOptions& po = options_.pipeline;
-    const engine::SamplingParams& sp = run.r.sampling;
     const int uncached =
         static_cast<int>(run.r.prompt_tokens.size()) - target.skip_blocks * target.block_tokens;
-    if (po.min_tokens <= 0 || po.max_stages < 2 || run.prefill.empty() ||
-        uncached < po.min_tokens || !sp.json_schema.empty() || sp.prompt_logprobs >= 0 ||
-        sp.tool_mode != engine::SamplingParams::ToolMode::kNone) {
+    if (run.prefill.empty() || !WantsPipeline(options_.pipeline, run.r.sampling, uncached)) {
       return {};
     }
     MutexLock lock(&mu_);
-    const ClusterView::Worker* first = view_.Find(run.prefill);
-    if (first == nullptr || !first->healthy || !first->client || first->info.model_dim <= 0) {
-      return {};
-    }
-    std::vector<std::pair<double, const ClusterView::Worker*>> others;
-    const Clock::time_point now = Clock::now();
-    for (const auto& [name, w] : view_.workers()) {
-      if (name == run.prefill || !w.healthy || !w.client || w.info.role != Role::kPrefill ||
-          w.info.model != first->info.model || w.info.n_layers != first->info.n_layers ||
-          w.info.model_dim != first->info.model_dim) {
-        continue;
-      }
-      others.emplace_back(ClusterView::QueueSeconds(w, now), &w);
-    }
-    std::stable_sort(others.begin(), others.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<StageWorker> group = {{first->info, first->client}};
-    for (const auto& [queue, w] : others) {
-      if (static_cast<int>(group.size()) >= po.max_stages) break;
-      group.push_back({w->info, w->client});
-    }
-    return group;
+    return ChoosePipelineGroup(view_, run.prefill, options_.pipeline.max_stages, Clock::now());
   }
 
   // Prefills `run` on a pipeline of prefill workers when it qualifies (PipelineGroup); false
@@ -826,12 +806,7 @@ class ConductorImpl final : public Conductor {
   bool PrefillPipelined(RequestRun* run, const KvTarget& target) TANDEM_EXCLUDES(mu_) {
     const std::vector<StageWorker> group = PipelineGroup(*run, target);
     if (group.size() < 2) return false;
-    PrefillCall call;
-    call.id = run->r.id;
-    call.prompt_tokens = run->r.prompt_tokens;
-    call.sampling = run->r.sampling;
-    call.timeout_ms = MillisUntil(run->r.deadline);
-    call.target = target;
+    const PrefillCall call = PrefillCallFor(*run, target);
     const std::string session =
         run->r.id + "/pipeline-" + std::to_string(pipeline_attempts_.fetch_add(1) + 1);
     auto done = RunPipelinedPrefill(call, group, options_.pipeline, session, run->r.deadline);

@@ -6,6 +6,39 @@
 
 namespace tandem::conductor {
 
+bool WantsPipeline(const PipelineOptions& options, const engine::SamplingParams& sampling,
+                   int uncached_tokens) {
+  return options.min_tokens > 0 && options.max_stages >= 2 &&
+         uncached_tokens >= options.min_tokens && sampling.json_schema.empty() &&
+         sampling.prompt_logprobs < 0 &&
+         sampling.tool_mode == engine::SamplingParams::ToolMode::kNone;
+}
+
+std::vector<StageWorker> ChoosePipelineGroup(const ClusterView& view, const std::string& first,
+                                             int max_stages, Clock::time_point now) {
+  const auto it = view.workers().find(first);
+  if (it == view.workers().end()) return {};
+  const ClusterView::Worker& head = it->second;
+  if (!head.healthy || !head.client || head.info.model_dim <= 0) return {};
+  std::vector<std::pair<double, const ClusterView::Worker*>> others;
+  for (const auto& [name, w] : view.workers()) {
+    if (name == first || !w.healthy || !w.client || w.info.role != cluster::Role::kPrefill ||
+        w.info.model != head.info.model || w.info.n_layers != head.info.n_layers ||
+        w.info.model_dim != head.info.model_dim) {
+      continue;
+    }
+    others.emplace_back(ClusterView::QueueSeconds(w, now), &w);
+  }
+  std::stable_sort(others.begin(), others.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<StageWorker> group = {{head.info, head.client}};
+  for (const auto& [queue, w] : others) {
+    if (static_cast<int>(group.size()) >= max_stages) break;
+    group.push_back({w->info, w->client});
+  }
+  return group;
+}
+
 StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
                                                std::span<const StageWorker> group,
                                                const PipelineOptions& options,

@@ -15,6 +15,7 @@
 
 #include "cluster/protocol.h"
 #include "common/status.h"
+#include "conductor/cluster_view.h"
 #include "conductor/policy/pipeline.h"
 #include "conductor/worker_client.h"
 
@@ -33,6 +34,18 @@ struct PipelinedPrefill {
   double first_stage_seconds = 0;  // stage 0's prefill time (the pipeline's fill starts there)
   double most_wait_seconds = 0;    // the longest any later stage waited for its input
 };
+
+// Whether a prefill with `uncached_tokens` tokens the decode side lacks is to be pipelined:
+// long enough (options.min_tokens > 0), and no structured output, tool call or prompt logprobs
+// (the last stage samples the first token with a plain sampler).
+bool WantsPipeline(const PipelineOptions& options, const engine::SamplingParams& sampling,
+                   int uncached_tokens);
+
+// The stage workers of a pipeline: `first` (the prefill worker placement chose), then the
+// healthy prefill workers of the same model (name, layer count, width) by predicted queue, up
+// to max_stages in all. Empty when `first` is unknown, unhealthy or publishes no model width.
+std::vector<StageWorker> ChoosePipelineGroup(const ClusterView& view, const std::string& first,
+                                             int max_stages, Clock::time_point now);
 
 // Runs `call` (prompt, sampling, KV target; its stage is set here) over `group` (at least two
 // workers, group[0] computing the first layers), the layers split for the prompt's length by
