@@ -56,8 +56,7 @@ TEST(PipelineGroupTest, PlacedWorkerFirstThenIdlestOfTheSameModel) {
     for (const auto& w : g) out.push_back(w.info.name);
     return out;
   };
-  EXPECT_EQ(names(ChoosePipelineGroup(view, "p0", 2, now)),
-            (std::vector<std::string>{"p0", "p2"}));
+  EXPECT_EQ(names(ChoosePipelineGroup(view, "p0", 2, now)), (std::vector<std::string>{"p0", "p2"}));
   EXPECT_EQ(names(ChoosePipelineGroup(view, "p0", 8, now)),
             (std::vector<std::string>{"p0", "p2", "p1"}));
   // Nothing to pipeline with: an unknown or unhealthy first worker, or no other of its model.
