@@ -142,6 +142,7 @@ json StatsJson(const serving::BackendStats& s) {
           {"preempt_resumed_cache_tokens", s.preempt_resumed_cache_tokens},
           {"preempt_resumed_pool_tokens", s.preempt_resumed_pool_tokens},
           {"preempt_recomputed_tokens", s.preempt_recomputed_tokens},
+          {"pool_fetches_skipped", s.pool_fetches_skipped},
           {"reserved_blocks", s.reserved_blocks},
           {"reservations_expired", s.reservations_expired},
           {"busy_seconds_prefill", s.busy_seconds_prefill},
@@ -174,6 +175,7 @@ serving::BackendStats StatsFrom(const json& j) {
   s.preempt_resumed_cache_tokens = j.value("preempt_resumed_cache_tokens", int64_t{0});
   s.preempt_resumed_pool_tokens = j.value("preempt_resumed_pool_tokens", int64_t{0});
   s.preempt_recomputed_tokens = j.value("preempt_recomputed_tokens", int64_t{0});
+  s.pool_fetches_skipped = j.value("pool_fetches_skipped", int64_t{0});
   s.reserved_blocks = j.value("reserved_blocks", 0);
   s.reservations_expired = j.value("reservations_expired", int64_t{0});
   s.busy_seconds_prefill = j.value("busy_seconds_prefill", 0.0);

@@ -195,6 +195,7 @@ class ConductorImpl final : public Conductor {
         s.preempt_resumed_cache_tokens += b.preempt_resumed_cache_tokens;
         s.preempt_resumed_pool_tokens += b.preempt_resumed_pool_tokens;
         s.preempt_recomputed_tokens += b.preempt_recomputed_tokens;
+        s.pool_fetches_skipped += b.pool_fetches_skipped;
         s.reserved_blocks += b.reserved_blocks;
         s.reservations_expired += b.reservations_expired;
       }

@@ -188,6 +188,10 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
             {{{"outcome", "resumed_cache"}}, double(stats.preempt_resumed_cache_tokens)},
             {{{"outcome", "resumed_pool"}}, double(stats.preempt_resumed_pool_tokens)},
             {{{"outcome", "recomputed"}}, double(stats.preempt_recomputed_tokens)}});
+  w.Counter("tandem_kv_pool_fetches_skipped_total",
+            "Admissions that did not read the KV pool because computing a block was measured "
+            "cheaper than fetching it.",
+            static_cast<double>(stats.pool_fetches_skipped));
   w.Histogram("tandem_time_to_first_token_seconds", "Arrival to first generated token.",
               ttft_.Get());
   w.Histogram("tandem_time_per_output_token_seconds", "Mean time per output token after the first.",

@@ -130,6 +130,9 @@ struct BackendStats {
   int64_t preempt_resumed_cache_tokens = 0;
   int64_t preempt_resumed_pool_tokens = 0;
   int64_t preempt_recomputed_tokens = 0;
+  // Cumulative: admissions that did not read the KV pool because computing a block was
+  // measured cheaper than fetching it (LocalBackend).
+  int64_t pool_fetches_skipped = 0;
   int reserved_blocks = 0;           // decode side: held for KV being transferred in
   int64_t reservations_expired = 0;  // cumulative: reserved, never claimed, freed
   // Utilisation of one engine (0 where the backend is not one engine, e.g. the conductor):

@@ -390,6 +390,7 @@ class LocalBackendImpl final : public LocalBackend {
     s.preempt_resumed_cache_tokens = preempt_resumed_cache_.load();
     s.preempt_resumed_pool_tokens = preempt_resumed_pool_.load();
     s.preempt_recomputed_tokens = preempt_recomputed_.load();
+    s.pool_fetches_skipped = pool_fetches_skipped_.load();
     s.reserved_blocks = reserved_blocks_.load();
     s.reservations_expired = reservations_expired_.load();
     s.busy_seconds_prefill = busy_us_prefill_.load() * 1e-6;
@@ -582,7 +583,7 @@ class LocalBackendImpl final : public LocalBackend {
       // Then what the KV pool holds of the rest, read into the blocks just reserved (so a
       // sequence waiting for memory does not read the pool again and again).
       const int from_cache = s.n_computed;
-      if (matched && UsesPool()) FetchFromPool(s);
+      if (matched && UsesPool() && FetchPaysOff()) FetchFromPool(s);
       if (s.preempted_tokens > 0) CountResumed(s, from_cache);
       if (!s.admitted_once) {
         s.admitted_once = true;
@@ -626,6 +627,25 @@ class LocalBackendImpl final : public LocalBackend {
            kv_.num_window_blocks() == 0;
   }
 
+  // Whether reading a block from the KV pool costs less than computing it, as measured here:
+  // the pool's wall time per block it gave (misses included) against the engine's prefill time
+  // per block of tokens. Until kMinFetchedBlocks blocks came from the pool it fetches (nothing
+  // measured yet); after deciding against it kFetchProbeEvery times in a row it fetches once
+  // more, so that a pool that became faster is seen. Skips are counted.
+  bool FetchPaysOff() {
+    const int64_t computed = computed_prefill_.load();
+    if (fetched_blocks_ < kMinFetchedBlocks || computed == 0) return true;
+    const double fetch_s = static_cast<double>(fetch_ns_) * 1e-9 / fetched_blocks_;
+    const double compute_s =
+        static_cast<double>(busy_us_prefill_.load()) * 1e-6 / computed * block_tokens_;
+    if (fetch_s < compute_s || ++skipped_in_a_row_ >= kFetchProbeEvery) {
+      skipped_in_a_row_ = 0;
+      return true;
+    }
+    pool_fetches_skipped_.fetch_add(1);
+    return false;
+  }
+
   // For a sequence whose blocks hold its local prefix-cache hit (n_computed tokens) followed by
   // fresh blocks for the rest: reads what the KV pool holds of the following full blocks into
   // those fresh blocks, which the prefix cache then holds too.
@@ -634,8 +654,11 @@ class LocalBackendImpl final : public LocalBackend {
     const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
     if (have >= max_blocks) return;
     const auto keys = KeysOf(s, s.tokens.size()).subspan(have, max_blocks - have);
+    const Clock::time_point start = Clock::now();
     const int filled =
         options_.kv_pool->Fetch(keys, std::span(s.blocks).subspan(have, max_blocks - have));
+    fetch_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    fetched_blocks_ += filled;
     for (int i = 0; i < filled; ++i) prefix_cache_.Insert(keys[i], s.blocks[have + i]);
     if (filled > 0) {
       s.n_computed += filled * block_tokens_;
@@ -662,8 +685,8 @@ class LocalBackendImpl final : public LocalBackend {
       Sequence& s = **it;
       if (&s == keep || s.finish) continue;
       // Its KV stays in the prefix cache (until evicted) and goes to the KV pool, from where
-      // it resumes; a block's fetch (a memcpy, or a read over the network) costs far less
-      // than recomputing it, so the pool is always asked first (docs/design/engine.md).
+      // it resumes when a fetch is measured cheaper than recomputing (FetchPaysOff,
+      // docs/design/engine.md).
       OfferBlocks(s);
       const int pool_had = s.pool_known;
       OfferToPool(s);
@@ -960,6 +983,13 @@ class LocalBackendImpl final : public LocalBackend {
   // by the loop's own wait).
   bool admission_stalled_ = false;
   static constexpr std::chrono::milliseconds kStalledRetry{20};
+  // The KV pool's measured cost (FetchPaysOff): wall nanoseconds of its fetches, the blocks
+  // they gave, and decisions against it since the last fetch.
+  int64_t fetch_ns_ = 0;
+  int64_t fetched_blocks_ = 0;
+  int skipped_in_a_row_ = 0;
+  static constexpr int64_t kMinFetchedBlocks = 8;
+  static constexpr int kFetchProbeEvery = 16;
 
   Mutex mu_;
   CondVar cv_;       // work arrived or stop/drain requested
@@ -985,6 +1015,7 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> preempt_offloaded_{0}, preempt_resumed_cache_{0}, preempt_resumed_pool_{0},
       preempt_recomputed_{0};
+  std::atomic<int64_t> pool_fetches_skipped_{0};  // FetchPaysOff said no
   std::atomic<int> reserved_blocks_{0};
   std::atomic<int64_t> reservations_expired_{0};
   std::atomic<int64_t> busy_us_prefill_{0};  // microseconds of forward passes (CountBusy)

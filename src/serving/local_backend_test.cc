@@ -6,6 +6,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace tandem::serving {
 namespace {
@@ -323,6 +324,8 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
 class MemoryKvPool : public KvPool {
  public:
   explicit MemoryKvPool(engine::PagedKvCache* kv) : kv_(kv) {}
+  // Reads into and offers from another engine's cache (of the same model) from now on.
+  void Retarget(engine::PagedKvCache* kv) { kv_ = kv; }
   int Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override {
     int n = 0;
     for (; n < static_cast<int>(keys.size()); ++n) {
@@ -367,6 +370,61 @@ TEST(LocalBackendTest, PreemptedKvIsOffloadedToThePoolAndResumedFromIt) {
   EXPECT_GT(pool->fetched_blocks, 0);
   // A preempted sequence holds at most one partial block (< 16 tokens) that no cache keeps.
   EXPECT_LT(st.preempt_recomputed_tokens, 16 * st.preemptions);
+}
+
+// A pool much slower than computing (a fetch of a 16-token block sleeps 250 ms; the engine
+// computes one in a few ms): once a few blocks have been fetched and measured, prompts the pool
+// holds are recomputed instead of read from it, with the same outputs, and the skips are
+// counted. A pool as fast as memory keeps being read (the test above).
+class SlowKvPool : public MemoryKvPool {
+ public:
+  using MemoryKvPool::MemoryKvPool;
+  int Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override {
+    const int n = MemoryKvPool::Fetch(keys, blocks);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250) * std::max(n, 1));
+    return n;
+  }
+};
+
+TEST(LocalBackendTest, ASlowPoolIsNotReadWhenComputingIsCheaper) {
+  auto writer_engine = LoadEngine(4096);
+  auto reader_engine = LoadEngine(4096);
+  ASSERT_NE(writer_engine, nullptr);
+  ASSERT_NE(reader_engine, nullptr);
+  // The same model in both: a block's bytes are the same, whichever cache holds it.
+  auto pool = std::make_shared<SlowKvPool>(&writer_engine->kv());
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r = Greedy(*writer_engine, Prompts(4)[i] + " " + Prompts(4)[(i + 1) % 4], 4);
+    while (r.prompt_tokens.size() < 200) r.prompt_tokens.push_back(r.prompt_tokens[0]);
+    r.id = "shared-" + std::to_string(i);
+    reqs.push_back(r);
+  }
+  std::vector<std::vector<int32_t>> solo;
+  for (const auto& r : reqs) solo.push_back(Solo(*writer_engine, r));
+  {
+    auto writer = MakeLocalBackend(writer_engine.get(),
+                                   {.max_num_seqs = 4, .max_batch_tokens = 64, .kv_pool = pool});
+    EXPECT_EQ(SubmitAll(*writer, reqs), solo);  // the pool now holds every prompt's blocks
+  }
+  // The reader's pool reads go into its own cache.
+  auto reader_pool = std::make_shared<SlowKvPool>(*pool);
+  reader_pool->Retarget(&reader_engine->kv());
+  auto reader = MakeLocalBackend(
+      reader_engine.get(), {.max_num_seqs = 1, .max_batch_tokens = 64, .kv_pool = reader_pool});
+  // First a prompt the pool lacks, so that the reader's compute time is measured over a whole
+  // prompt (its first steps also fault the weights in).
+  GenerationRequest fresh = reqs[0];
+  fresh.id = "fresh";
+  for (int32_t& t : fresh.prompt_tokens) t = (t + 1) % 1000;
+  SubmitAll(*reader, {fresh});
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(SubmitAll(*reader, {reqs[i]}), (std::vector<std::vector<int32_t>>{solo[i]}));
+  }
+  const BackendStats st = reader->Stats();
+  // The first prompt was read from the pool (12 blocks: measured); the next ones were not.
+  EXPECT_EQ(st.pool_hit_tokens, 12 * 16);
+  EXPECT_EQ(st.pool_fetches_skipped, 3);
 }
 
 // Gemma 3's sliding layers keep KV only for their 512-token window, in an arena sized for two
