@@ -49,12 +49,8 @@ class Cluster:
         token_file = os.path.join(tmp, "token")
         with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(TOKEN + "\n")
-        self.start(NS_A, "etcd", "etcd", "--data-dir", os.path.join(tmp, "etcd"),
-                   "--listen-client-urls", f"http://{ADDR_A}:{ETCD_PORT}",
-                   "--advertise-client-urls", f"http://{ADDR_A}:{ETCD_PORT}",
-                   "--listen-peer-urls", f"http://{ADDR_A}:{PEER_PORT}",
-                   "--initial-advertise-peer-urls", f"http://{ADDR_A}:{PEER_PORT}",
-                   "--initial-cluster", f"default=http://{ADDR_A}:{PEER_PORT}")
+        self.start(NS_A, "etcd", *two_hosts.etcd_command(ADDR_A, ETCD_PORT, PEER_PORT,
+                                                         os.path.join(tmp, "etcd")))
         etcd = f"etcd://{ADDR_A}:{ETCD_PORT}"
         kv = str(args.tokens + 4096)
         common = ["--metadata", etcd, "--model", args.model, "--threads", str(args.threads),
@@ -194,7 +190,7 @@ def main():
     }
     print(json.dumps(summary, indent=1))
     print(f"\n{args.tokens}-token prompt, {args.threads} thread(s) per worker, chunks of "
-          f"{args.chunk}: TTFT median {pipe:.2f} s on 2 prefill workers (pipelined) vs "
+          f"at most {args.chunk}: TTFT median {pipe:.2f} s on 2 prefill workers (pipelined) vs "
           f"{one:.2f} s on 1: ratio {pipe / one:.3f}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)

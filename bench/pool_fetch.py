@@ -51,12 +51,8 @@ class Cluster:
         self.host_reader, self.host_store = host_reader, host_store
         port, peer = free_port(), free_port()
         self.etcd = f"etcd://{host_reader}:{port}"
-        self.start("etcd", ns_reader, ["etcd", "--data-dir", os.path.join(tmp, f"etcd-{port}"),
-                                       "--listen-client-urls", f"http://{host_reader}:{port}",
-                                       "--advertise-client-urls", f"http://{host_reader}:{port}",
-                                       "--listen-peer-urls", f"http://{host_reader}:{peer}",
-                                       "--initial-advertise-peer-urls", f"http://{host_reader}:{peer}",
-                                       "--initial-cluster", f"default=http://{host_reader}:{peer}"])
+        self.start("etcd", ns_reader, two_hosts.etcd_command(host_reader, port, peer,
+                                                             os.path.join(tmp, f"etcd-{port}")))
         time.sleep(1.5)
         self.start("master", ns_reader, [args.tandem, "pool-master", "--metadata", self.etcd,
                                          "--host", host_reader, "--journal", "off",

@@ -21,6 +21,16 @@ def make(ns_a, ns_b, addr_a, addr_b, dev="veth-t"):
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
 
 
+def etcd_command(host, client_port, peer_port, data_dir):
+    """The command line of a one-member etcd serving clients on host:client_port."""
+    return ["etcd", "--data-dir", data_dir,
+            "--listen-client-urls", f"http://{host}:{client_port}",
+            "--advertise-client-urls", f"http://{host}:{client_port}",
+            "--listen-peer-urls", f"http://{host}:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://{host}:{peer_port}",
+            "--initial-cluster", f"default=http://{host}:{peer_port}"]
+
+
 def drop(*namespaces):
     """Deletes the namespaces (their veth ends go with them); missing ones are ignored."""
     for ns in namespaces:
