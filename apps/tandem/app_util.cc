@@ -11,6 +11,7 @@
 
 #include "common/cluster_auth.h"
 #include "common/logging.h"
+#include "sim/profile.h"
 
 namespace tandem::app {
 
@@ -95,6 +96,25 @@ StatusOr<int64_t> KvTokensInBudget(int budget_mb, const model::ModelConfig& conf
       "--memory-budget-mb {} leaves no room for KV: the rest of an engine process needs {:.1f} "
       "MiB ({})",
       budget_mb, static_cast<double>(rest.total()) / (1 << 20), rest.ToString()));
+}
+
+StatusOr<conductor::CostModel> ApplyMockProfile(const std::string& path, WorkerKnobs* knobs,
+                                                int64_t* kv_cache_tokens) {
+  TANDEM_ASSIGN_OR_RETURN(sim::InstanceProfile profile, sim::LoadProfile(path));
+  if (!profile.cost.valid()) return InvalidArgument(path + ": the profile has no step times");
+  knobs->block_tokens = profile.block_tokens;
+  knobs->max_batch_tokens = profile.max_batch_tokens;
+  if (profile.max_num_seqs > 0) knobs->max_num_seqs = profile.max_num_seqs;
+  if (profile.kv_capacity_tokens > 0) *kv_cache_tokens = profile.kv_capacity_tokens;
+  conductor::CostModel cost = profile.cost;
+  cost.source = "mock:" + path;
+  GetLogger("tandem")->info(
+      "mock engines ({}): prefill {:.2f} ms + {:.4f} ms/token, decode step {:.2f} ms + {:.3f} "
+      "ms/seq; KV {} tokens, blocks of {}, {} tokens and {} sequences per step",
+      profile.description.empty() ? path : profile.description, cost.prefill_base_s * 1e3,
+      cost.prefill_per_token_s * 1e3, cost.decode_base_s * 1e3, cost.decode_per_seq_s * 1e3,
+      *kv_cache_tokens, knobs->block_tokens, knobs->max_batch_tokens, knobs->max_num_seqs);
+  return cost;
 }
 
 }  // namespace tandem::app

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "conductor/policy/cost_model.h"
 #include "engine/memory_plan.h"
 #include "flags.h"
 #include "model/model_config.h"
@@ -39,5 +40,11 @@ engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::Model
 // even one block.
 StatusOr<int64_t> KvTokensInBudget(int budget_mb, const model::ModelConfig& config,
                                    const engine::MemoryPlanInputs& in);
+
+// --mock PROFILE (sim/profile.h): the profile's cost model (source "mock:PROFILE"), after
+// writing its instance settings over the knobs (block tokens, max batch tokens, max sequences
+// when the profile limits them) and *kv_cache_tokens (when the profile states a capacity).
+StatusOr<conductor::CostModel> ApplyMockProfile(const std::string& path, WorkerKnobs* knobs,
+                                                int64_t* kv_cache_tokens);
 
 }  // namespace tandem::app

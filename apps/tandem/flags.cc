@@ -85,6 +85,14 @@ void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& k) {
                   "--kv-cache-tokens)")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
+  cmd->add_option("--mock", k.mock_profile,
+                  "Mock engines: compute nothing and take the step times of this simulator "
+                  "profile ({\"cost\": <`tandem profile` output>, ...} or {\"roofline\": ...}, "
+                  "e.g. profiles/llama3-70b-8xa800.json), so that the conductor can be run with "
+                  "dozens of workers on "
+                  "a few cores. The profile's KV capacity, block tokens, max batch tokens and "
+                  "max sequences replace the flags'; every sequence generates the same token")
+      ->check(CLI::ExistingFile);
 }
 
 void AddTransferFlags(CLI::App* cmd, WorkerKnobs& k) {
@@ -143,6 +151,7 @@ std::vector<std::string> WorkerKnobArgs(const WorkerKnobs& k) {
                                    "--pool-ssd-gb",
                                    Exact(k.pool_ssd_gb)};
   if (!k.pool_ssd_dir.empty()) args.insert(args.end(), {"--pool-ssd-dir", k.pool_ssd_dir});
+  if (!k.mock_profile.empty()) args.insert(args.end(), {"--mock", k.mock_profile});
   return args;
 }
 

@@ -26,6 +26,7 @@ struct WorkerKnobs {
   std::string pool_ssd_dir;                    // the pool's SSD tier: DIR/<worker name> each
   double pool_ssd_gb = 4;                      // capacity of each worker's SSD tier
   int memory_budget_mb = 0;  // each engine process's memory (engine/memory_plan.h); 0: none
+  std::string mock_profile;  // mock engines that sleep per this profile (sim/profile.h); "": real
 
   bool operator==(const WorkerKnobs&) const = default;
 };
@@ -45,7 +46,7 @@ struct PlannerKnobs {
 void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
 
 // --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s,
-// --memory-budget-mb.
+// --memory-budget-mb, --mock.
 void AddSchedulerFlags(CLI::App* cmd, WorkerKnobs& knobs);
 // --transfer-protocols, --kv-transfer-timeout-s, --cost-profile, --kv-pool, --pool-dram-mb,
 // --pool-ssd-dir, --pool-ssd-gb.

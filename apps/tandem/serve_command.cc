@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "app_util.h"
+#include "cluster/mock_step.h"
 #include "cluster/supervisor.h"
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -309,8 +311,21 @@ void AddPoolMasterMetrics(const store::PoolMasterStats* m, serving::BackendStats
 
 }  // namespace
 
-int RunServe(const ServeFlags& f) {
+int RunServe(const ServeFlags& flags) {
   auto log = GetLogger("serve");
+  ServeFlags f = flags;
+  // Mock engines: the profile's instance settings replace the flags (workers do the same).
+  std::optional<conductor::CostModel> mock_cost;
+  if (!f.knobs.mock_profile.empty()) {
+    int64_t kv = f.kv_cache_tokens;
+    auto cost = ApplyMockProfile(f.knobs.mock_profile, &f.knobs, &kv);
+    if (!cost.ok()) {
+      std::fprintf(stderr, "error: --mock: %s\n", cost.status().ToString().c_str());
+      return 2;
+    }
+    mock_cost = std::move(*cost);
+    f.kv_cache_tokens = static_cast<int>(std::min<int64_t>(kv, 1 << 26));
+  }
   // Signals are taken by sigwait; block them before any thread starts so none gets them.
   // (Worker processes unblock them after fork.)
   const sigset_t signals = BlockTerminationSignals();
@@ -331,6 +346,10 @@ int RunServe(const ServeFlags& f) {
   if (!read_config.ok()) {
     std::fprintf(stderr, "error: %s\n", read_config.status().ToString().c_str());
     return 1;
+  }
+  // A mock engine stands for a model of any context: its KV capacity bounds it.
+  if (mock_cost && f.kv_cache_tokens > read_config->context_length) {
+    read_config->context_length = f.kv_cache_tokens;
   }
   const model::ModelConfig config = std::move(*read_config);
   int max_model_len = f.max_model_len > 0 ? f.max_model_len : config.context_length;
@@ -430,6 +449,7 @@ int RunServe(const ServeFlags& f) {
     eo.model_path = model_path;
     eo.threads = threads;
     eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
+    if (mock_cost) eo.mock_step_seconds = cluster::MockStepFunction(*mock_cost);
     auto loaded = engine::Engine::Load(eo);
     if (!loaded.ok()) {
       std::fprintf(stderr, "error: %s\n", loaded.status().ToString().c_str());

@@ -89,11 +89,21 @@ int RunWorker(const WorkerFlags& f) {
   }
   o.role = *role;
   o.name = f.name.empty() ? f.role + "-" + std::to_string(::getpid()) : f.name;
+  WorkerKnobs knobs = f.knobs;
+  int64_t kv_cache_tokens = f.kv_cache_tokens;
+  if (!knobs.mock_profile.empty()) {
+    auto cost = ApplyMockProfile(knobs.mock_profile, &knobs, &kv_cache_tokens);
+    if (!cost.ok()) {
+      std::fprintf(stderr, "error: --mock: %s\n", cost.status().ToString().c_str());
+      return 2;
+    }
+    o.mock_cost = std::move(*cost);
+  }
   o.engine.model_path = f.model.empty() ? DefaultModelPath() : f.model;
   o.engine.threads = f.threads;
-  o.engine.block_tokens = f.knobs.block_tokens;
-  o.engine.kv_capacity_tokens = f.kv_cache_tokens;
-  if (f.knobs.memory_budget_mb > 0) {
+  o.engine.block_tokens = knobs.block_tokens;
+  o.engine.kv_capacity_tokens = static_cast<int>(std::min<int64_t>(kv_cache_tokens, 1 << 26));
+  if (knobs.memory_budget_mb > 0 && !o.mock_cost) {
     // The KV cache gets what the rest of the plan leaves, at most --kv-cache-tokens.
     auto file = model::GgufFile::Open(o.engine.model_path);
     auto config =
@@ -112,8 +122,8 @@ int RunWorker(const WorkerFlags& f) {
     o.engine.kv_capacity_tokens = static_cast<int>(std::min<int64_t>(*fits, f.kv_cache_tokens));
     o.scheduler.memory_budget_bytes = int64_t{f.knobs.memory_budget_mb} << 20;
   }
-  o.scheduler.max_num_seqs = f.knobs.max_num_seqs;
-  o.scheduler.max_batch_tokens = f.knobs.max_batch_tokens;
+  o.scheduler.max_num_seqs = knobs.max_num_seqs;
+  o.scheduler.max_batch_tokens = knobs.max_batch_tokens;
   o.scheduler.max_waiting = f.knobs.max_waiting;
   o.host = f.host;
   o.port = f.port;

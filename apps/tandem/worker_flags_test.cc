@@ -40,6 +40,7 @@ TEST(WorkerFlagsTest, ArgvParsesBackToTheSameFlags) {
   f.knobs.pool_dram_mb = 17;
   f.knobs.pool_ssd_dir = "/var/tmp/kv blocks";
   f.knobs.pool_ssd_gb = 0.25;
+  f.knobs.mock_profile = __FILE__;  // --mock takes an existing file
   ASSERT_FALSE(f == WorkerFlags{});
   EXPECT_TRUE(Parse(WorkerArgv(f)) == f);
 }

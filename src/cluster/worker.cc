@@ -13,6 +13,7 @@
 
 #include "cluster/calibration.h"
 #include "cluster/kv_pusher.h"
+#include "cluster/mock_step.h"
 #include "cluster/pipeline_stage.h"
 #include "cluster/pool_bridge.h"
 #include "common/cluster_auth.h"
@@ -197,10 +198,12 @@ class WorkerImpl final : public Worker {
       TANDEM_ASSIGN_OR_RETURN(void* p, te_->AllocateSegment(segment_name_, bytes));
       return static_cast<uint8_t*>(p);
     };
+    if (o.mock_cost) eo.mock_step_seconds = MockStepFunction(*o.mock_cost);
     TANDEM_ASSIGN_OR_RETURN(engine_, engine::Engine::Load(eo));
     CalibrationOptions cal;
     cal.max_batch_tokens = o.scheduler.max_batch_tokens;
-    auto cost = LoadOrCalibrate(*engine_, o.cost_profile, cal);
+    auto cost = o.mock_cost ? StatusOr<conductor::CostModel>(*o.mock_cost)
+                            : LoadOrCalibrate(*engine_, o.cost_profile, cal);
     if (!cost.ok()) {
       if (o.cost_profile != "auto" && o.cost_profile != "calibrate") return cost.status();
       log_->warn("no cost model (the conductor places this worker by load only): {}",

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct WorkerOptions {
   // The cost model published for the conductor's predictions (calibration.h LoadOrCalibrate):
   // "auto", "calibrate", "none" or a profile file.
   std::string cost_profile = "auto";
+  // A mock worker (cluster/mock_step.h) when set: its engine computes nothing and takes this
+  // model's time per step; it publishes this model as its cost (cost_profile is not used).
+  std::optional<conductor::CostModel> mock_cost;
   // The cluster KV pool (store/pool.h; its master is found in the metadata service): prompts
   // fetch what the local prefix cache lacks, finished sequences offer their blocks, and the
   // worker contributes pool_dram_bytes of shared memory as a storage segment (0: none).

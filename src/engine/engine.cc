@@ -36,7 +36,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   }
   const int capacity =
       options.kv_capacity_tokens > 0 ? options.kv_capacity_tokens : c.context_length;
-  const KvCacheShape shape = KvShapeFor(c, options, capacity);
+  // A mock engine stands for a model of any context: its KV capacity bounds it.
+  if (options.mock_step_seconds) e->config_.context_length = std::max(c.context_length, capacity);
+  KvCacheShape shape = KvShapeFor(c, options, capacity);
+  if (options.mock_step_seconds) {
+    shape.n_kv_heads = 1;
+    shape.head_dim = 1;
+  }
   if (options.kv_memory) {
     const size_t bytes = PagedKvCache::RequiredBytes(shape);
     TANDEM_ASSIGN_OR_RETURN(uint8_t * memory, options.kv_memory(bytes));
@@ -46,6 +52,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   }
   e->pool_ = std::make_unique<ThreadPool>(options.threads);
   e->transformer_ = std::make_unique<Transformer>(e->config_, e->weights_, e->pool_.get());
+  if (options.mock_step_seconds) {
+    e->transformer_->SetMock(
+        MockForward({.step_seconds = options.mock_step_seconds, .token = e->MockToken()}));
+  }
   return e;
 }
 
@@ -69,6 +79,16 @@ KvCacheShape KvShapeFor(const model::ModelConfig& c, const EngineOptions& option
             : shape.num_blocks;
   }
   return shape;
+}
+
+int32_t Engine::MockToken() const {
+  // " the": an ordinary word in every vocabulary tandem loads; else the first id that is not an
+  // end of generation.
+  const std::vector<int32_t> ids = tokenizer_->Encode(" the", false, false);
+  if (!ids.empty() && !tokenizer_->IsEndOfGeneration(ids.front())) return ids.front();
+  int32_t id = 0;
+  while (id + 1 < config_.vocab_size && tokenizer_->IsEndOfGeneration(id)) ++id;
+  return id;
 }
 
 Status Engine::Step(const BatchItem& item, std::vector<float>* logits) {

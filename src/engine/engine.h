@@ -44,6 +44,11 @@ struct EngineOptions {
   // and returns 64-byte aligned memory that outlives the engine (e.g. a transfer-engine
   // segment, so that peers can read and write KV blocks in place).
   std::function<StatusOr<uint8_t*>(size_t bytes)> kv_memory;
+  // A mock engine (engine/mock_forward.h) when set: every forward pass takes this many seconds
+  // and computes nothing; the KV cache keeps the model's layers and blocks but one K and one V
+  // value per token and layer (what moves between mock workers is bookkeeping, not data); every
+  // sequence generates the same ordinary token (never an end of generation).
+  std::function<double(std::span<const BatchItem> batch)> mock_step_seconds;
 };
 
 struct GenerateOptions {
@@ -93,6 +98,7 @@ class Engine {
   // One forward step of one sequence, with its sliding-window KV storage attached before and
   // trimmed after.
   Status Step(const BatchItem& item, std::vector<float>* logits);
+  int32_t MockToken() const;  // what a mock engine generates
 
   EngineOptions options_;
   std::unique_ptr<model::GgufFile> gguf_;

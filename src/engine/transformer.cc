@@ -230,6 +230,11 @@ Status Transformer::ForwardLayers(std::span<const BatchItem> batch, PagedKvCache
                            " values; " + std::to_string(T) + " tokens of width " +
                            std::to_string(c.dim) + " need " + std::to_string(T * c.dim));
   }
+  if (mock_) {
+    mock_->Run(batch, begin_layer, end_layer, c.n_layers, on_layer_done_, logit_rows, c.vocab_size,
+               c.dim, hidden_out, logits);
+    return OkStatus();
+  }
   EnsureScratch(T, logit_rows);
   ComputeRope(c.rope_freq_base, c.rope_freq_scale, &rope_);
   const bool any_sliding = c.sliding_window > 0 && c.NumGlobalLayers() < c.n_layers;

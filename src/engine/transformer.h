@@ -12,28 +12,19 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "engine/batch_item.h"
 #include "engine/kv_cache.h"
+#include "engine/mock_forward.h"
 #include "engine/model_weights.h"
 #include "model/model_config.h"
 
 namespace tandem::engine {
-
-struct BatchItem {
-  // The sequence's KV blocks; must cover start_pos + n. With sliding layers, the blocks from
-  // the window of start_pos on must hold window storage (PagedKvCache::AttachWindow).
-  std::span<const int32_t> block_table;
-  int start_pos = 0;                // position of tokens[0] (= tokens already in the cache)
-  std::span<const int32_t> tokens;  // n >= 1 new tokens
-  bool want_logits = true;          // produce logits for the last token
-  // Logits for every token of the item (prompt logprobs), n rows in position order, instead of
-  // the last token's only (the last row is then the one want_logits would give).
-  bool all_logits = false;
-};
 
 class Transformer {
  public:
@@ -63,6 +54,11 @@ class Transformer {
 
   const model::ModelConfig& config() const { return config_; }
 
+  // From now on every pass is `mock`'s: inputs are checked as before, then nothing is computed
+  // (no KV written) and the time and logits are the mock's (engine/mock_forward.h).
+  void SetMock(MockForward mock) { mock_.emplace(std::move(mock)); }
+  bool mocked() const { return mock_.has_value(); }
+
  private:
   // Runs fn(begin, end) over row ranges on the pool.
   void ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn);
@@ -89,6 +85,7 @@ class Transformer {
   const ModelWeights& weights_;
   ThreadPool* pool_;
   std::function<void(int)> on_layer_done_;
+  std::optional<MockForward> mock_;
 
   // Scratch, grown on demand. T = tokens in the batch.
   std::vector<float> x_;             // (T, dim) residual stream

@@ -12,6 +12,7 @@
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "conductor/cluster_view.h"
 
@@ -715,28 +716,20 @@ class Simulation {
     for (int i : d.batch) context += reqs_[i].load.prompt_tokens + reqs_[i].emitted;
     int64_t budget = std::max<int64_t>(0, o_.profile.max_batch_tokens - batch);
     d.step_chunks.clear();
-    double chunk_linear = 0, chunk_attention = 0;  // the prompt chunks' matmuls and attention
+    std::vector<conductor::CostModel::Chunk> chunks;
     for (int i : d.local) {
       if (budget <= 0) break;
       Req& r = reqs_[i];
       const int64_t chunk = std::min<int64_t>(budget, r.load.prompt_tokens - r.local_done);
       if (chunk <= 0) continue;
-      const double n = static_cast<double>(chunk), ctx = static_cast<double>(r.local_done);
-      chunk_linear += c.prefill_per_token_s * n;
-      chunk_attention += c.prefill_attention_s * n * (ctx + n / 2);
+      chunks.push_back({chunk, r.local_done});
       d.step_chunks.push_back({i, chunk});
       budget -= chunk;
       d.rec.prefill_tokens += chunk;
     }
-    // One fused forward pass: the decode step reads the weights (d0) while the chunks' matmuls
-    // compute on them, so a step pays the longer of the two, not both.
-    double dt;
-    if (batch == 0) {
-      dt = c.prefill_base_s + chunk_linear + chunk_attention;
-    } else {
-      dt = c.DecodeStepSeconds(batch, context) - c.decode_base_s +
-           std::max(c.decode_base_s, chunk_linear) + chunk_attention + o_.profile.step_overhead_s;
-    }
+    // One fused forward pass (CostModel::MixedStepSeconds, the mock worker's step time too).
+    double dt = c.MixedStepSeconds(batch, context, chunks);
+    if (batch > 0) dt += o_.profile.step_overhead_s;
     dt *= Noise();
     d.stepping = true;
     d.rec.steps++;

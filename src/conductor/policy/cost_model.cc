@@ -98,6 +98,21 @@ double CostModel::DecodeStepSeconds(int64_t batch, int64_t context_tokens) const
          decode_per_context_token_s * static_cast<double>(std::max<int64_t>(0, context_tokens));
 }
 
+double CostModel::MixedStepSeconds(int64_t batch, int64_t context_tokens,
+                                   std::span<const Chunk> chunks) const {
+  double linear = 0, attention = 0;
+  for (const Chunk& ch : chunks) {
+    if (ch.new_tokens <= 0) continue;
+    const double n = static_cast<double>(ch.new_tokens);
+    const double c = static_cast<double>(std::max<int64_t>(0, ch.cached_tokens));
+    linear += prefill_per_token_s * n;
+    attention += prefill_attention_s * n * (c + n / 2);
+  }
+  if (batch <= 0) return linear > 0 ? prefill_base_s + linear + attention : 0;
+  return DecodeStepSeconds(batch, context_tokens) - decode_base_s +
+         std::max(decode_base_s, linear) + attention;
+}
+
 std::string CostModel::ToJson() const {
   return json{{"prefill_base_s", prefill_base_s},
               {"prefill_per_token_s", prefill_per_token_s},

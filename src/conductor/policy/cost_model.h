@@ -41,6 +41,18 @@ struct CostModel {
   // `decode_factor`.
   CostModel Scaled(double prefill_factor, double decode_factor) const;
   double DecodeStepSeconds(int64_t batch, int64_t context_tokens) const;
+  // One fused forward pass of `batch` decoding sequences (holding context_tokens in all) and
+  // prompt chunks: the chunks' matmuls run while the decode step reads the weights, so the step
+  // pays the longer of d0 and the chunks' linear cost, then the rest of both:
+  //   batch 0:  p0 + sum(p1 * n) + sum(p2 * n * (c + n / 2))
+  //   else:     d1 * batch + d2 * context + max(d0, sum(p1 * n)) + sum(p2 * n * (c + n / 2))
+  // (the simulator's and the mock worker's step time; 0 for an empty step).
+  struct Chunk {
+    int64_t new_tokens = 0;
+    int64_t cached_tokens = 0;
+  };
+  double MixedStepSeconds(int64_t batch, int64_t context_tokens,
+                          std::span<const Chunk> chunks) const;
 
   std::string ToJson() const;  // one object
   static StatusOr<CostModel> FromJson(const std::string& json);

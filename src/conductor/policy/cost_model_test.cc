@@ -39,6 +39,26 @@ TEST(CostModelTest, FitRecoversExactCoefficients) {
   EXPECT_NEAR(m->prefill_per_token_s, t.prefill_per_token_s, 1e-9);
 }
 
+TEST(CostModelTest, MixedStepPaysTheLongerOfWeightsAndChunkMatmuls) {
+  const CostModel t = Truth();
+  const CostModel::Chunk big[] = {{100, 50}};  // linear 80 ms > d0 12 ms
+  const CostModel::Chunk small[] = {{5, 0}};   // linear 4 ms < d0
+  EXPECT_EQ(t.MixedStepSeconds(0, 0, {}), 0);
+  // Alone, chunks are a prefill: each chunk's cost, one base.
+  EXPECT_NEAR(t.MixedStepSeconds(0, 0, big), t.PrefillSeconds(100, 50), 1e-12);
+  const CostModel::Chunk two[] = {{100, 50}, {5, 0}};
+  EXPECT_NEAR(t.MixedStepSeconds(0, 0, two),
+              t.PrefillSeconds(100, 50) + t.PrefillSeconds(5, 0) - t.prefill_base_s, 1e-12);
+  // Beside decoding sequences: the decode step without its base, plus the longer of the base
+  // and the chunks' linear part, plus their attention.
+  const double decode_rest = t.DecodeStepSeconds(4, 1000) - t.decode_base_s;
+  EXPECT_NEAR(t.MixedStepSeconds(4, 1000, big),
+              decode_rest + 100 * t.prefill_per_token_s + t.prefill_attention_s * 100 * 100, 1e-12);
+  EXPECT_NEAR(t.MixedStepSeconds(4, 1000, small),
+              t.DecodeStepSeconds(4, 1000) + t.prefill_attention_s * 5 * 2.5, 1e-12);
+  EXPECT_NEAR(t.MixedStepSeconds(4, 1000, {}), t.DecodeStepSeconds(4, 1000), 1e-12);
+}
+
 TEST(CostModelTest, NegativeCoefficientsAreDroppedNotKept) {
   // Decode steps that get faster with context (noise) must not yield a negative coefficient.
   std::vector<PrefillSample> p = {{16, 0, 0.02}, {64, 0, 0.06}, {256, 0, 0.22}};
