@@ -15,6 +15,13 @@ simulated TPOT its step_overhead_s. The table shows the simulation without and w
     python3 bench/sim_validate.py --out bench/out/sim-validate            # ~5 minutes
     python3 bench/sim_validate.py --quick --out bench/out/sim-validate-quick
     python3 bench/sim_validate.py --resimulate --rounds 3 --out bench/out/sim-validate  # sim only
+
+With --mock PROFILE the served side is `tandem serve --mock PROFILE` instead: worker processes
+whose engines compute nothing and sleep per the profile (e.g. a GPU node's roofline profile),
+so that the real conductor, protocol and KV hand-off meet the simulator's model of them:
+
+    python3 bench/sim_validate.py --mock profiles/llama3-70b-8xa800.json --prefill-workers 4 \
+        --decode-workers 4 --length-scale 1 --output-scale 1 --rate 1 --requests 100
 """
 import argparse
 import json
@@ -115,6 +122,13 @@ def main(argv=None):
     ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals, requests/s")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--modes", default="default,colocated")
+    ap.add_argument("--mock", metavar="PROFILE",
+                    help="instead of the modes: `tandem serve --mock PROFILE` (engines that sleep "
+                         "per the profile, e.g. profiles/llama3-70b-8xa800.json) with "
+                         "--prefill-workers + --decode-workers workers through the real "
+                         "conductor, against the simulator on the same profile")
+    ap.add_argument("--prefill-workers", type=int, default=4)
+    ap.add_argument("--decode-workers", type=int, default=4)
     ap.add_argument("--resimulate", action="store_true",
                     help="simulate again the real runs already in --out (no servers started; "
                          "the profiles measured then)")
@@ -134,13 +148,22 @@ def main(argv=None):
                   "--output-scale", f"{args.output_scale:g}", "--time-scale", f"{1.0 / args.rate:.6g}"]
     keys = ("ttft_p50", "ttft_p90", "tbt_p50", "tbt_p90")
     figures, overheads = {}, {}
+    modes = dict(MODES)
+    if args.mock:
+        args.mock = os.path.abspath(args.mock)
+        p, d = args.prefill_workers, args.decode_workers
+        modes = {"mock": (["--prefill-workers", str(p), "--decode-workers", str(d), "--threads", "2",
+                           "--mock", args.mock], ["--prefill", str(p), "--decode", str(d)], 0)}
+        args.modes = "mock"
     for mode in [m for m in args.modes.split(",") if m]:
-        serve_args, sim_args, threads = MODES[mode]
+        serve_args, sim_args, threads = modes[mode]
         per_round = {k: [] for k in keys}
         for rnd in range(args.rounds):
             out_dir = os.path.join(args.out, f"{mode}-round{rnd + 1}")
             os.makedirs(out_dir, exist_ok=True)
-            if args.resimulate:  # the real runs of an earlier invocation, simulated again
+            if args.mock:  # the mock engines' own profile: nothing to measure
+                profile = args.mock
+            elif args.resimulate:  # the real runs of an earlier invocation, simulated again
                 profile = os.path.join(out_dir, f"profile-{threads}t.json")
                 if not os.path.exists(profile):  # made by an older version of this script
                     profile = os.path.join(args.out, f"profile-{threads}t.json")
@@ -169,7 +192,10 @@ def main(argv=None):
                 f"simulated {s_raw['ttft_ms']['p50']:.0f} ms, calibrated {s_cal['ttft_ms']['p50']:.0f} ms")
         figures[mode] = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
                          for k, v in per_round.items()}
-    lines = [f"## Simulator against the real system (median of {args.rounds} round(s))", "",
+    what = (f"mock engines ({os.path.relpath(args.mock, ROOT)}, {args.prefill_workers} prefill + "
+            f"{args.decode_workers} decode workers through the real conductor)" if args.mock
+            else "the real system")
+    lines = [f"## Simulator against {what} (median of {args.rounds} round(s))", "",
              f"Workload: trace lines {args.start}..{args.start + args.requests}, length scale "
              f"{args.length_scale:g}, output scale {args.output_scale:g}, Poisson arrivals at "
              f"{args.rate:g}/s; simulated with the profiles measured at the start of each round, "

@@ -4,8 +4,7 @@
 
 namespace tandem::cluster {
 
-double MockStepSeconds(const conductor::CostModel& cost,
-                       std::span<const engine::BatchItem> batch) {
+double MockStepSeconds(const conductor::CostModel& cost, std::span<const engine::BatchItem> batch) {
   int64_t decoding = 0, context = 0;
   std::vector<conductor::CostModel::Chunk> chunks;
   for (const engine::BatchItem& item : batch) {

@@ -63,7 +63,8 @@ TEST(MockStepTest, AMockEngineCalibratesToItsProfile) {
   EXPECT_EQ(out->finish_reason, "length");
   for (int32_t t : out->tokens) EXPECT_EQ(t, out->tokens.front());
   EXPECT_FALSE((*e)->tokenizer().IsEndOfGeneration(out->tokens.front()));
-  EXPECT_GE(out->decode_seconds, 5 * truth.DecodeStepSeconds(1, static_cast<int64_t>(prompt.size())));
+  EXPECT_GE(out->decode_seconds,
+            5 * truth.DecodeStepSeconds(1, static_cast<int64_t>(prompt.size())));
 
   // Timed as the worker times a real engine, the mock gives back its profile's predictions.
   // The sleeps overshoot by scheduling latency (~0.1 ms, more on a busy machine): tolerance

@@ -9,9 +9,11 @@ namespace tandem::engine {
 void MockForward::Run(std::span<const BatchItem> batch, int begin_layer, int end_layer,
                       int n_layers, const std::function<void(int)>& on_layer_done,
                       int64_t logit_rows, int vocab, int dim, std::vector<float>* hidden_out,
-                      std::vector<float>* logits) const {
+                      std::vector<float>* logits) {
   using Clock = std::chrono::steady_clock;
-  const double step = options_.step_seconds ? std::max(0.0, options_.step_seconds(batch)) : 0;
+  const double full = options_.step_seconds ? std::max(0.0, options_.step_seconds(batch)) : 0;
+  const double step = std::max(0.0, full - credit_s_);
+  credit_s_ = 0;
   const double per_layer = n_layers > 0 ? step / n_layers : 0;
   // Deadlines from one start, so that the layers' sleeps do not add up their oversleeps.
   const Clock::time_point start = Clock::now();

@@ -105,6 +105,31 @@ TEST(MockForwardTest, SleepsTheProfilesTimeLayerByLayerAndDrawsItsToken) {
     EXPECT_EQ(sampler.Sample(std::span(logits).subspan(0, vocab)).token, kToken);
 }
 
+TEST(MockForwardTest, HostWorkCreditedShortensTheNextStepOnly) {
+  MockFixture f;
+  f.tf->SetMock(MockForward({.step_seconds = [](auto) { return 10.0; }, .token = 1}));
+  const std::vector<int32_t> blocks = {0};
+  const std::vector<int32_t> tokens = {4};
+  const BatchItem item{blocks, 0, tokens, true};
+  std::vector<float> logits;
+  // 10 s of step, 9.98 s of it done by the host already: the pass sleeps ~20 ms, far below
+  // the 10 s it would (the bound leaves a loaded machine 5 s of slack).
+  f.tf->CreditMockHostSeconds(9.98);
+  auto start = Clock::now();
+  ASSERT_TRUE(f.tf->Forward({&item, 1}, *f.kv, &logits).ok());
+  EXPECT_LT(SecondsSince(start), 5.0);
+  EXPECT_GE(SecondsSince(start), 0.02);
+  // The credit is spent: a second pass with a 20 ms credit out of 30 ms sleeps at least 10.
+  f.tf->SetMock(MockForward({.step_seconds = [](auto) { return 0.03; }, .token = 1}));
+  f.tf->CreditMockHostSeconds(0.02);
+  start = Clock::now();
+  ASSERT_TRUE(f.tf->Forward({&item, 1}, *f.kv, &logits).ok());
+  EXPECT_GE(SecondsSince(start), 0.01);
+  start = Clock::now();
+  ASSERT_TRUE(f.tf->Forward({&item, 1}, *f.kv, &logits).ok());
+  EXPECT_GE(SecondsSince(start), 0.03);
+}
+
 TEST(MockForwardTest, BadInputIsStillRefusedAndStagesTakeTheirShare) {
   MockFixture f;
   f.tf->SetMock(MockForward({.step_seconds = [](auto) { return 0.04; }, .token = 1}));

@@ -58,6 +58,10 @@ class Transformer {
   // (no KV written) and the time and logits are the mock's (engine/mock_forward.h).
   void SetMock(MockForward mock) { mock_.emplace(std::move(mock)); }
   bool mocked() const { return mock_.has_value(); }
+  // MockForward::CreditHostSeconds; nothing without a mock.
+  void CreditMockHostSeconds(double seconds) {
+    if (mock_) mock_->CreditHostSeconds(seconds);
+  }
 
  private:
   // Runs fn(begin, end) over row ranges on the pool.

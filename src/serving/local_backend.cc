@@ -832,8 +832,10 @@ class LocalBackendImpl final : public LocalBackend {
             drawing[r]->sampler->Sample(std::span(logits_).subspan(drawing_row[r] * vocab, vocab));
       }
     });
-    sampling_ns_.fetch_add(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sample_start).count());
+    const Clock::duration sampling = Clock::now() - sample_start;
+    sampling_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(sampling).count());
+    // A mock engine's step time includes drawing the tokens, as a GPU engine's does.
+    engine_->transformer().CreditMockHostSeconds(std::chrono::duration<double>(sampling).count());
     size_t row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence& s = *plan[i].seq;
