@@ -20,7 +20,7 @@ With --mock PROFILE the served side is `tandem serve --mock PROFILE` instead: wo
 whose engines compute nothing and sleep per the profile (e.g. a GPU node's roofline profile),
 so that the real conductor, protocol and KV hand-off meet the simulator's model of them:
 
-    python3 bench/sim_validate.py --mock profiles/llama3-70b-8xa800.json --prefill-workers 4 \
+    python3 bench/sim_validate.py --mock profiles/llama3-70b-8xa800.json --prefill-workers 4 \\
         --decode-workers 4 --length-scale 1 --output-scale 1 --rate 1 --requests 100
 """
 import argparse
@@ -108,6 +108,23 @@ def calibrate(args, mode, serve_args, sim_args, profile, out_dir, log):
     return max(0.0, ttft), max(0.0, step)
 
 
+def paired_ratios(real_path, sim_path):
+    """{metric: [calibrated simulated / real per request]} for TTFT and TPOT, requests matched
+    by index: percentiles of a small slice move with one request near them, the ratio of each
+    request's own figures does not."""
+    with open(real_path) as f:
+        real = {r["index"]: r for r in json.load(f)["requests"]}
+    with open(sim_path) as f:
+        sim = json.load(f)["requests"]
+    out = {"ttft": [], "tpot": []}
+    for s in sim:
+        r = real.get(s["index"])
+        for m in out:
+            if r and r.get(m + "_ms") and s.get(m + "_ms"):
+                out[m].append(s[m + "_ms"] / r[m + "_ms"])
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
@@ -147,7 +164,7 @@ def main(argv=None):
     bench_args = ["--trace", slice_path, "--length-scale", f"{args.length_scale:g}",
                   "--output-scale", f"{args.output_scale:g}", "--time-scale", f"{1.0 / args.rate:.6g}"]
     keys = ("ttft_p50", "ttft_p90", "tbt_p50", "tbt_p90")
-    figures, overheads = {}, {}
+    figures, overheads, paired = {}, {}, {}
     modes = dict(MODES)
     if args.mock:
         args.mock = os.path.abspath(args.mock)
@@ -158,6 +175,7 @@ def main(argv=None):
     for mode in [m for m in args.modes.split(",") if m]:
         serve_args, sim_args, threads = modes[mode]
         per_round = {k: [] for k in keys}
+        pairs = {"ttft": [], "tpot": []}
         for rnd in range(args.rounds):
             out_dir = os.path.join(args.out, f"{mode}-round{rnd + 1}")
             os.makedirs(out_dir, exist_ok=True)
@@ -184,6 +202,9 @@ def main(argv=None):
             s_cal, _ = run_simulation(args, profile, sim_trace, per_block, sim_args,
                                       os.path.join(out_dir, "sim"), over)
             s_real = run["summary"]
+            for m, v in paired_ratios(os.path.join(out_dir, "results.json"),
+                                      os.path.join(out_dir, "sim", "results.json")).items():
+                pairs[m].extend(v)
             for k in keys:
                 metric, q = k.split("_")
                 per_round[k].append((s_real[metric + "_ms"][q], s_raw[metric + "_ms"][q],
@@ -192,6 +213,8 @@ def main(argv=None):
                 f"simulated {s_raw['ttft_ms']['p50']:.0f} ms, calibrated {s_cal['ttft_ms']['p50']:.0f} ms")
         figures[mode] = {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
                          for k, v in per_round.items()}
+        paired[mode] = {m: (len(v), *[statistics.quantiles(v, n=10)[i] for i in (0, 4, 8)])
+                        for m, v in pairs.items() if len(v) >= 2}
     what = (f"mock engines ({os.path.relpath(args.mock, ROOT)}, {args.prefill_workers} prefill + "
             f"{args.decode_workers} decode workers through the real conductor)" if args.mock
             else "the real system")
@@ -212,11 +235,16 @@ def main(argv=None):
             r2 = f"{cal / real:.2f}" if real else "n/a"
             lines.append(f"| {mode} | {k.replace('_', ' ')} | {real:.1f} | {raw:.1f} | {r1} | "
                          f"{cal:.1f} | {r2} |")
+    lines += ["", "Request by request (all rounds; calibrated simulated / real of each request's own "
+              "figure):", "", "| mode | metric | requests | p10 | median | p90 |", "|---|---|---|---|---|---|"]
+    for mode, f in paired.items():
+        for m, (n, p10, p50, p90) in f.items():
+            lines.append(f"| {mode} | {m} | {n} | {p10:.2f} | {p50:.2f} | {p90:.2f} |")
     table = "\n".join(lines)
     with open(os.path.join(args.out, "validation.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(args.out, "validation.json"), "w") as f:
-        json.dump({"figures": figures, "args": vars(args)}, f, indent=1, default=str)
+        json.dump({"figures": figures, "paired": paired, "args": vars(args)}, f, indent=1, default=str)
     print(table)
     return 0
 

@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (config.ok()) {
     auto front = model::LoadTextFrontEnd(**file, *config);
     if (front.ok() && front->chat_template) {
-      (void)front->chat_template->Apply({{"user", "hi"}}, /*add_generation_prompt=*/true);
+      (void)front->chat_template->Apply({{"user", "hi"}}, /*add_generation_prompt=*/true).ok();
     }
   }
   return 0;

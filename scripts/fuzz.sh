@@ -50,6 +50,7 @@ run_one() {
   local dict=()
   case "$name" in
     openai_request|worker_protocol|metadata_http|json_schema|pool_master) dict=(-dict=fuzz/json.dict) ;;
+    chat_template) dict=(-dict=fuzz/jinja.dict) ;;
   esac
   # -rss_limit_mb: the tokenizer harness holds Gemma's 262k-token vocabulary under ASan.
   "$B/fuzz/$h" "${dict[@]}" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=6144 \

@@ -54,8 +54,12 @@ int RunGenerate(const GenerateFlags& f) {
       std::fprintf(stderr, "error: --chat: %s\n", eng.chat_template_error().c_str());
       return 1;
     }
-    const std::string text = eng.chat_template()->Apply({{"user", f.prompt}}, true);
-    prompt = tok.Encode(text, tok.add_bos(), /*parse_special=*/true);
+    auto text = eng.chat_template()->Apply({{"user", f.prompt}}, true);
+    if (!text.ok()) {
+      std::fprintf(stderr, "error: --chat: %s\n", text.status().message().c_str());
+      return 1;
+    }
+    prompt = tok.Encode(*text, tok.add_bos(), /*parse_special=*/true);
   } else {
     prompt = tok.Encode(f.prompt, tok.add_bos(), /*parse_special=*/false);
   }

@@ -72,7 +72,9 @@ TEST_F(GoldenTest, ChatRenderingAndTokenizationMatch) {
     if (chat) {
       std::vector<model::ChatMessage> messages;
       for (const auto& m : c["messages"]) messages.push_back({m["role"], m["content"]});
-      EXPECT_EQ(engine_->chat_template()->Apply(messages, true), prompt) << c["name"];
+      auto rendered = engine_->chat_template()->Apply(messages, true);
+      ASSERT_TRUE(rendered.ok()) << rendered.status().ToString();
+      EXPECT_EQ(*rendered, prompt) << c["name"];
     }
     const auto ids = engine_->tokenizer().Encode(prompt, false, /*parse_special=*/chat);
     EXPECT_EQ(ids, c["prompt_tokens"].get<std::vector<int32_t>>()) << c["name"];

@@ -25,7 +25,9 @@ Value ArgOr(const Args& a, size_t index, std::string_view name, Value fallback) 
   return v ? *v : std::move(fallback);
 }
 
-bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool IsWs(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 // Case mapping of the scripts chat templates meet (Python's str.upper / lower for ASCII, Latin-1,
 // Latin Extended-A, Greek and Cyrillic; other code points are left as they are).
@@ -58,7 +60,8 @@ uint32_t DecodeCp(const std::string& cp) {
     case 1: return b(0);
     case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
     case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+    default:
+      return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
   }
 }
 
@@ -164,10 +167,8 @@ List Split(const std::string& s, const Value* sep, int64_t maxsplit) {
 
 StatusOr<List> Iterate(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined:
-      return List();
-    case Kind::kList:
-      return v.list();
+    case Kind::kUndefined: return List();
+    case Kind::kList: return v.list();
     case Kind::kDict: {
       List keys;
       for (const auto& [k, e] : v.dict()->items()) keys.emplace_back(k);
@@ -178,8 +179,7 @@ StatusOr<List> Iterate(const Value& v) {
       for (std::string& c : CodePoints(v.str())) chars.emplace_back(std::move(c));
       return chars;
     }
-    default:
-      return InvalidArgument("'" + v.TypeName() + "' object is not iterable");
+    default: return InvalidArgument("'" + v.TypeName() + "' object is not iterable");
   }
 }
 
@@ -192,7 +192,8 @@ StatusOr<Value> Attribute(const Value& v, const std::string& path) {
     if (cur.is_dict()) {
       const Value* f = cur.dict()->Find(part);
       cur = f ? *f : Value::MakeUndefined(part);
-    } else if (cur.is_list() && !part.empty() && std::isdigit(static_cast<unsigned char>(part[0]))) {
+    } else if (cur.is_list() && !part.empty() &&
+               std::isdigit(static_cast<unsigned char>(part[0]))) {
       const size_t i = std::stoul(part);
       cur = i < cur.list().size() ? cur.list()[i] : Value::MakeUndefined(part);
     } else {
@@ -205,16 +206,11 @@ StatusOr<Value> Attribute(const Value& v, const std::string& path) {
 
 StatusOr<int64_t> Length(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined:
-      return 0;
-    case Kind::kString:
-      return static_cast<int64_t>(CodePoints(v.str()).size());
-    case Kind::kList:
-      return static_cast<int64_t>(v.list().size());
-    case Kind::kDict:
-      return static_cast<int64_t>(v.dict()->size());
-    default:
-      return InvalidArgument("object of type '" + v.TypeName() + "' has no len()");
+    case Kind::kUndefined: return 0;
+    case Kind::kString: return static_cast<int64_t>(CodePoints(v.str()).size());
+    case Kind::kList: return static_cast<int64_t>(v.list().size());
+    case Kind::kDict: return static_cast<int64_t>(v.dict()->size());
+    default: return InvalidArgument("object of type '" + v.TypeName() + "' has no len()");
   }
 }
 
@@ -251,7 +247,8 @@ StatusOr<List> Sorted(List items, bool reverse, bool case_sensitive, const Value
     keyed.emplace_back(std::move(key), std::move(item));
   }
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
-    auto r = reverse ? Less(y.first, x.first, case_sensitive) : Less(x.first, y.first, case_sensitive);
+    auto r =
+        reverse ? Less(y.first, x.first, case_sensitive) : Less(x.first, y.first, case_sensitive);
     if (!r.ok()) {
       error = r.status();
       return false;
@@ -328,10 +325,8 @@ StatusOr<Value> MapFilter(const Value& value, Args& args) {
 StatusOr<Value> ToInt(const Value& v, const Value& fallback) {
   switch (v.kind()) {
     case Kind::kBool:
-    case Kind::kInt:
-      return Value(v.as_int());
-    case Kind::kFloat:
-      return Value(static_cast<int64_t>(v.as_float()));
+    case Kind::kInt: return Value(v.as_int());
+    case Kind::kFloat: return Value(static_cast<int64_t>(v.as_float()));
     case Kind::kString: {
       const std::string s = Strip(v.str(), "", true, true);
       char* end = nullptr;
@@ -341,8 +336,7 @@ StatusOr<Value> ToInt(const Value& v, const Value& fallback) {
       if (!s.empty() && end && *end == '\0') return Value(static_cast<int64_t>(d));
       return fallback;
     }
-    default:
-      return fallback;
+    default: return fallback;
   }
 }
 
@@ -381,12 +375,14 @@ using FilterFn = StatusOr<Value> (*)(const Value&, Args&);
 
 const std::map<std::string, FilterFn>& Filters() {
   static const std::map<std::string, FilterFn> kFilters = {
-      {"abs", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"abs",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          if (v.kind() == Kind::kFloat) return Value(std::fabs(v.as_float()));
          if (v.is_number()) return Value(static_cast<int64_t>(std::llabs(v.as_int())));
          return ArgumentError("abs", "expects a number");
        }},
-      {"attr", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"attr",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          const Value* name = Arg(a, 0, "name");
          if (!name || !name->is_string()) return ArgumentError("attr", "expects a name");
          if (v.is_dict()) {
@@ -395,18 +391,22 @@ const std::map<std::string, FilterFn>& Filters() {
          }
          return Value::MakeUndefined(name->str());
        }},
-      {"capitalize", [](const Value& v, Args&) -> StatusOr<Value> { return Value(Capitalize(v.ToString())); }},
-      {"count", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"capitalize",
+       [](const Value& v, Args&) -> StatusOr<Value> { return Value(Capitalize(v.ToString())); }},
+      {"count",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(int64_t n, Length(v));
          return Value(n);
        }},
-      {"default", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"default",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          const Value fallback = ArgOr(a, 0, "default_value", Value(""));
          const bool boolean = ArgOr(a, 1, "boolean", Value(false)).Truthy();
          if (v.is_undefined() || (boolean && !v.Truthy())) return fallback;
          return v;
        }},
-      {"dictsort", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"dictsort",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          if (!v.is_dict()) return ArgumentError("dictsort", "expects a dict");
          const bool cs = ArgOr(a, 0, "case_sensitive", Value(false)).Truthy();
          const bool by_value = ArgOr(a, 1, "by", Value("key")).ToString() == "value";
@@ -417,31 +417,41 @@ const std::map<std::string, FilterFn>& Filters() {
          TANDEM_ASSIGN_OR_RETURN(List sorted, Sorted(std::move(pairs), reverse, cs, &attribute));
          return Value(std::move(sorted));
        }},
-      {"escape", [](const Value& v, Args&) -> StatusOr<Value> { return Value(HtmlEscape(v.ToString())); }},
-      {"first", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"escape",
+       [](const Value& v, Args&) -> StatusOr<Value> { return Value(HtmlEscape(v.ToString())); }},
+      {"first",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          return items.empty() ? Value::MakeUndefined("first") : items.front();
        }},
-      {"float", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"float",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          return ToFloat(v, ArgOr(a, 0, "default", Value(0.0)));
        }},
-      {"indent", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"indent",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          const Value width = ArgOr(a, 0, "width", Value(4));
-         const std::string pad = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
+         const std::string pad =
+             width.is_string()
+                 ? width.str()
+                 : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
          return Value(Indent(v.ToString(), pad, ArgOr(a, 1, "first", Value(false)).Truthy(),
                              ArgOr(a, 2, "blank", Value(false)).Truthy()));
        }},
-      {"int", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"int",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          return ToInt(v, ArgOr(a, 0, "default", Value(0)));
        }},
-      {"items", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"items",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          List pairs;
          if (v.is_undefined()) return Value(std::move(pairs));
          if (!v.is_dict()) return ArgumentError("items", "expects a dict");
          for (const auto& [k, e] : v.dict()->items()) pairs.emplace_back(List{Value(k), e});
          return Value(std::move(pairs));
        }},
-      {"join", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"join",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          const std::string sep = ArgOr(a, 0, "d", Value("")).ToString();
          const Value* attribute = Arg(a, 1, "attribute");
@@ -456,42 +466,57 @@ const std::map<std::string, FilterFn>& Filters() {
          }
          return Value(std::move(out));
        }},
-      {"last", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"last",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          return items.empty() ? Value::MakeUndefined("last") : items.back();
        }},
-      {"length", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"length",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(int64_t n, Length(v));
          return Value(n);
        }},
-      {"list", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"list",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          return Value(std::move(items));
        }},
-      {"lower", [](const Value& v, Args&) -> StatusOr<Value> { return Value(Lower(v.ToString())); }},
+      {"lower",
+       [](const Value& v, Args&) -> StatusOr<Value> { return Value(Lower(v.ToString())); }},
       {"map", MapFilter},
-      {"max", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"max",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          if (items.empty()) return Value::MakeUndefined("max");
-         TANDEM_ASSIGN_OR_RETURN(List s, Sorted(std::move(items), true, ArgOr(a, 0, "case_sensitive", Value(false)).Truthy(), Arg(a, 1, "attribute")));
+         TANDEM_ASSIGN_OR_RETURN(
+             List s,
+             Sorted(std::move(items), true, ArgOr(a, 0, "case_sensitive", Value(false)).Truthy(),
+                    Arg(a, 1, "attribute")));
          return s.front();
        }},
-      {"min", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"min",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          if (items.empty()) return Value::MakeUndefined("min");
-         TANDEM_ASSIGN_OR_RETURN(List s, Sorted(std::move(items), false, ArgOr(a, 0, "case_sensitive", Value(false)).Truthy(), Arg(a, 1, "attribute")));
+         TANDEM_ASSIGN_OR_RETURN(
+             List s,
+             Sorted(std::move(items), false, ArgOr(a, 0, "case_sensitive", Value(false)).Truthy(),
+                    Arg(a, 1, "attribute")));
          return s.front();
        }},
       {"reject", [](const Value& v, Args& a) { return SelectFilter(v, a, false, false); }},
       {"rejectattr", [](const Value& v, Args& a) { return SelectFilter(v, a, true, false); }},
-      {"replace", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"replace",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          const Value* from = Arg(a, 0, "old");
          const Value* to = Arg(a, 1, "new");
          if (!from || !to) return ArgumentError("replace", "expects old and new");
-         return Value(Replace(v.ToString(), from->ToString(), to->ToString(),
-                              ArgOr(a, 2, "count", Value::None()).is_none() ? -1 : Arg(a, 2, "count")->as_int()));
+         return Value(Replace(
+             v.ToString(), from->ToString(), to->ToString(),
+             ArgOr(a, 2, "count", Value::None()).is_none() ? -1 : Arg(a, 2, "count")->as_int()));
        }},
-      {"reverse", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"reverse",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          if (v.is_string()) {
            std::vector<std::string> cps = CodePoints(v.str());
            std::string out;
@@ -502,26 +527,33 @@ const std::map<std::string, FilterFn>& Filters() {
          std::reverse(items.begin(), items.end());
          return Value(std::move(items));
        }},
-      {"round", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"round",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          if (!v.is_number()) return ArgumentError("round", "expects a number");
          const int64_t precision = ArgOr(a, 0, "precision", Value(0)).as_int();
          const std::string method = ArgOr(a, 1, "method", Value("common")).ToString();
          const double scale = std::pow(10.0, static_cast<double>(precision));
          const double x = v.as_float() * scale;
-         const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::nearbyint(x);
+         const double r = method == "ceil"    ? std::ceil(x)
+                          : method == "floor" ? std::floor(x)
+                                              : std::nearbyint(x);
          return Value(r / scale);
        }},
       {"safe", [](const Value& v, Args&) -> StatusOr<Value> { return v; }},
       {"select", [](const Value& v, Args& a) { return SelectFilter(v, a, false, true); }},
       {"selectattr", [](const Value& v, Args& a) { return SelectFilter(v, a, true, true); }},
-      {"sort", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"sort",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
-         TANDEM_ASSIGN_OR_RETURN(List s, Sorted(std::move(items), ArgOr(a, 0, "reverse", Value(false)).Truthy(),
-                                               ArgOr(a, 1, "case_sensitive", Value(false)).Truthy(), Arg(a, 2, "attribute")));
+         TANDEM_ASSIGN_OR_RETURN(
+             List s,
+             Sorted(std::move(items), ArgOr(a, 0, "reverse", Value(false)).Truthy(),
+                    ArgOr(a, 1, "case_sensitive", Value(false)).Truthy(), Arg(a, 2, "attribute")));
          return Value(std::move(s));
        }},
       {"string", [](const Value& v, Args&) -> StatusOr<Value> { return Value(v.ToString()); }},
-      {"sum", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"sum",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          const Value* attribute = Arg(a, 0, "attribute");
          Value total = ArgOr(a, 1, "start", Value(0));
@@ -529,7 +561,8 @@ const std::map<std::string, FilterFn>& Filters() {
            if (attribute) {
              TANDEM_ASSIGN_OR_RETURN(item, Attribute(item, attribute->ToString()));
            }
-           if (!item.is_number() || !total.is_number()) return ArgumentError("sum", "expects numbers");
+           if (!item.is_number() || !total.is_number())
+             return ArgumentError("sum", "expects numbers");
            if (item.kind() == Kind::kFloat || total.kind() == Kind::kFloat) {
              total = Value(total.as_float() + item.as_float());
            } else {
@@ -538,31 +571,39 @@ const std::map<std::string, FilterFn>& Filters() {
          }
          return total;
        }},
-      {"title", [](const Value& v, Args&) -> StatusOr<Value> { return Value(Title(v.ToString())); }},
-      {"tojson", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"title",
+       [](const Value& v, Args&) -> StatusOr<Value> { return Value(Title(v.ToString())); }},
+      {"tojson",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          const Value indent = ArgOr(a, 0, "indent", Value::None());
-         TANDEM_ASSIGN_OR_RETURN(std::string s, v.ToJson(indent.is_none() ? -1 : static_cast<int>(indent.as_int())));
+         TANDEM_ASSIGN_OR_RETURN(
+             std::string s, v.ToJson(indent.is_none() ? -1 : static_cast<int>(indent.as_int())));
          return Value(std::move(s));
        }},
-      {"trim", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"trim",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          const Value chars = ArgOr(a, 0, "chars", Value::None());
          return Value(Strip(v.ToString(), chars.is_none() ? "" : chars.ToString(), true, true));
        }},
-      {"unique", [](const Value& v, Args& a) -> StatusOr<Value> {
+      {"unique",
+       [](const Value& v, Args& a) -> StatusOr<Value> {
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(v));
          const bool cs = ArgOr(a, 0, "case_sensitive", Value(false)).Truthy();
          List out;
          for (const Value& item : items) {
            const bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) {
-             if (!cs && o.is_string() && item.is_string()) return Lower(o.str()) == Lower(item.str());
+             if (!cs && o.is_string() && item.is_string())
+               return Lower(o.str()) == Lower(item.str());
              return Equal(o, item);
            });
            if (!seen) out.push_back(item);
          }
          return Value(std::move(out));
        }},
-      {"upper", [](const Value& v, Args&) -> StatusOr<Value> { return Value(Upper(v.ToString())); }},
-      {"wordcount", [](const Value& v, Args&) -> StatusOr<Value> {
+      {"upper",
+       [](const Value& v, Args&) -> StatusOr<Value> { return Value(Upper(v.ToString())); }},
+      {"wordcount",
+       [](const Value& v, Args&) -> StatusOr<Value> {
          return Value(static_cast<int64_t>(Split(v.ToString(), nullptr, -1).size()));
        }},
   };
@@ -580,52 +621,80 @@ StatusOr<bool> CompareTest(const Value& v, Args& a, int want_lo, int want_hi) {
 const std::map<std::string, TestFn>& Tests() {
   static const std::map<std::string, TestFn> kTests = {
       {"boolean", [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kBool; }},
-      {"callable", [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kCallable; }},
+      {"callable",
+       [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kCallable; }},
       {"defined", [](const Value& v, Args&) -> StatusOr<bool> { return !v.is_undefined(); }},
-      {"divisibleby", [](const Value& v, Args& a) -> StatusOr<bool> {
+      {"divisibleby",
+       [](const Value& v, Args& a) -> StatusOr<bool> {
          if (a.positional.empty() || !v.is_number() || a.positional[0].as_int() == 0) {
            return ArgumentError("divisibleby", "expects a non-zero number");
          }
          return v.as_int() % a.positional[0].as_int() == 0;
        }},
-      {"eq", [](const Value& v, Args& a) -> StatusOr<bool> { return !a.positional.empty() && Equal(v, a.positional[0]); }},
-      {"even", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_number() && v.as_int() % 2 == 0; }},
-      {"false", [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kBool && !v.as_bool(); }},
+      {"eq",
+       [](const Value& v, Args& a) -> StatusOr<bool> {
+         return !a.positional.empty() && Equal(v, a.positional[0]);
+       }},
+      {"even",
+       [](const Value& v, Args&) -> StatusOr<bool> {
+         return v.is_number() && v.as_int() % 2 == 0;
+       }},
+      {"false",
+       [](const Value& v, Args&) -> StatusOr<bool> {
+         return v.kind() == Kind::kBool && !v.as_bool();
+       }},
       {"float", [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kFloat; }},
       {"ge", [](const Value& v, Args& a) { return CompareTest(v, a, 0, 1); }},
       {"gt", [](const Value& v, Args& a) { return CompareTest(v, a, 1, 1); }},
-      {"in", [](const Value& v, Args& a) -> StatusOr<bool> {
+      {"in",
+       [](const Value& v, Args& a) -> StatusOr<bool> {
          if (a.positional.empty()) return ArgumentError("in", "expects a container");
          const Value& c = a.positional[0];
          if (c.is_string()) return v.is_string() && c.str().find(v.str()) != std::string::npos;
          if (c.is_dict()) return v.is_string() && c.dict()->Find(v.str()) != nullptr;
          TANDEM_ASSIGN_OR_RETURN(List items, Iterate(c));
-         return std::any_of(items.begin(), items.end(), [&](const Value& x) { return Equal(x, v); });
+         return std::any_of(items.begin(), items.end(),
+                            [&](const Value& x) { return Equal(x, v); });
        }},
       {"integer", [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kInt; }},
-      {"iterable", [](const Value& v, Args&) -> StatusOr<bool> {
+      {"iterable",
+       [](const Value& v, Args&) -> StatusOr<bool> {
          return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
        }},
       {"le", [](const Value& v, Args& a) { return CompareTest(v, a, -1, 0); }},
-      {"lower", [](const Value& v, Args&) -> StatusOr<bool> {
+      {"lower",
+       [](const Value& v, Args&) -> StatusOr<bool> {
          return v.is_string() && Lower(v.str()) == v.str() && Upper(v.str()) != v.str();
        }},
       {"lt", [](const Value& v, Args& a) { return CompareTest(v, a, -1, -1); }},
       {"mapping", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_dict(); }},
-      {"ne", [](const Value& v, Args& a) -> StatusOr<bool> { return a.positional.empty() || !Equal(v, a.positional[0]); }},
+      {"ne",
+       [](const Value& v, Args& a) -> StatusOr<bool> {
+         return a.positional.empty() || !Equal(v, a.positional[0]);
+       }},
       {"none", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_none(); }},
       {"number", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_number(); }},
-      {"odd", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_number() && v.as_int() % 2 != 0; }},
-      {"sameas", [](const Value& v, Args& a) -> StatusOr<bool> {
-         return !a.positional.empty() && v.kind() == a.positional[0].kind() && Equal(v, a.positional[0]);
+      {"odd",
+       [](const Value& v, Args&) -> StatusOr<bool> {
+         return v.is_number() && v.as_int() % 2 != 0;
        }},
-      {"sequence", [](const Value& v, Args&) -> StatusOr<bool> {
+      {"sameas",
+       [](const Value& v, Args& a) -> StatusOr<bool> {
+         return !a.positional.empty() && v.kind() == a.positional[0].kind() &&
+                Equal(v, a.positional[0]);
+       }},
+      {"sequence",
+       [](const Value& v, Args&) -> StatusOr<bool> {
          return v.is_string() || v.is_list() || v.is_dict();
        }},
       {"string", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_string(); }},
-      {"true", [](const Value& v, Args&) -> StatusOr<bool> { return v.kind() == Kind::kBool && v.as_bool(); }},
+      {"true",
+       [](const Value& v, Args&) -> StatusOr<bool> {
+         return v.kind() == Kind::kBool && v.as_bool();
+       }},
       {"undefined", [](const Value& v, Args&) -> StatusOr<bool> { return v.is_undefined(); }},
-      {"upper", [](const Value& v, Args&) -> StatusOr<bool> {
+      {"upper",
+       [](const Value& v, Args&) -> StatusOr<bool> {
          return v.is_string() && Upper(v.str()) == v.str() && Lower(v.str()) != v.str();
        }},
   };
@@ -652,19 +721,24 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
   } else if (name == "startswith" || name == "endswith") {
     const bool start = name == "startswith";
     fn = [s, start](Args& a) -> StatusOr<Value> {
-      if (a.positional.empty()) return ArgumentError(start ? "startswith" : "endswith", "expects a string");
+      if (a.positional.empty())
+        return ArgumentError(start ? "startswith" : "endswith", "expects a string");
       List options = a.positional[0].is_list() ? a.positional[0].list() : List{a.positional[0]};
       for (const Value& o : options) {
         const std::string p = o.ToString();
-        const bool hit = start ? s.compare(0, p.size(), p) == 0
-                               : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+        const bool hit =
+            start ? s.compare(0, p.size(), p) == 0
+                  : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
         if (hit) return Value(true);
       }
       return Value(false);
     };
   } else if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     fn = [s, name](Args&) -> StatusOr<Value> {
-      return Value(name == "upper" ? Upper(s) : name == "lower" ? Lower(s) : name == "title" ? Title(s) : Capitalize(s));
+      return Value(name == "upper"   ? Upper(s)
+                   : name == "lower" ? Lower(s)
+                   : name == "title" ? Title(s)
+                                     : Capitalize(s));
     };
   } else if (name == "replace") {
     fn = [s](Args& a) -> StatusOr<Value> {
@@ -683,7 +757,9 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
         return Value(n);
       }
       const size_t p = name == "find" ? s.find(sub) : s.rfind(sub);
-      return Value(p == std::string::npos ? int64_t{-1} : static_cast<int64_t>(CodePoints(s.substr(0, p)).size()));
+      return Value(p == std::string::npos
+                       ? int64_t{-1}
+                       : static_cast<int64_t>(CodePoints(s.substr(0, p)).size()));
     };
   } else if (name == "join") {
     fn = [s](Args& a) -> StatusOr<Value> {
@@ -715,8 +791,10 @@ std::optional<Value> StringMethod(const std::string& s, const std::string& name)
     fn = [s, name](Args&) -> StatusOr<Value> {
       if (s.empty()) return Value(false);
       for (unsigned char c : s) {
-        const bool ok = name == "isdigit" ? std::isdigit(c) : name == "isalpha" ? std::isalpha(c)
-                        : name == "isspace" ? std::isspace(c) : std::isalnum(c);
+        const bool ok = name == "isdigit"   ? std::isdigit(c)
+                        : name == "isalpha" ? std::isalpha(c)
+                        : name == "isspace" ? std::isspace(c)
+                                            : std::isalnum(c);
         if (!ok) return Value(false);
       }
       return Value(true);
@@ -734,7 +812,9 @@ Status ArgumentError(const std::string& what, const std::string& message) {
 }
 
 std::string Strip(const std::string& s, const std::string& chars, bool left, bool right) {
-  const auto drop = [&](char c) { return chars.empty() ? IsWs(c) : chars.find(c) != std::string::npos; };
+  const auto drop = [&](char c) {
+    return chars.empty() ? IsWs(c) : chars.find(c) != std::string::npos;
+  };
   size_t b = 0, e = s.size();
   if (left) {
     while (b < e && drop(s[b])) ++b;
@@ -755,8 +835,8 @@ StatusOr<Value> ApplyFilter(const std::string& name, const Value& value, Args& a
 
 StatusOr<bool> ApplyTest(const std::string& name, const Value& value, Args& args) {
   static const std::map<std::string, std::string> kAliases = {
-      {"==", "eq"}, {"equalto", "eq"}, {"!=", "ne"}, {"<", "lt"}, {"lessthan", "lt"},
-      {"<=", "le"}, {">", "gt"}, {"greaterthan", "gt"}, {">=", "ge"}};
+      {"==", "eq"}, {"equalto", "eq"}, {"!=", "ne"},          {"<", "lt"}, {"lessthan", "lt"},
+      {"<=", "le"}, {">", "gt"},       {"greaterthan", "gt"}, {">=", "ge"}};
   auto alias = kAliases.find(name);
   const std::string& canonical = alias == kAliases.end() ? name : alias->second;
   const auto& tests = Tests();
@@ -809,7 +889,8 @@ std::optional<Value> GlobalFunction(const std::string& name) {
     return Value(MakeCallable("range", [](Args& a) -> StatusOr<Value> {
       int64_t start = 0, stop = 0, step = 1;
       for (const Value& v : a.positional) {
-        if (v.kind() != Kind::kInt && v.kind() != Kind::kBool) return ArgumentError("range", "expects integers");
+        if (v.kind() != Kind::kInt && v.kind() != Kind::kBool)
+          return ArgumentError("range", "expects integers");
       }
       if (a.positional.size() == 1) {
         stop = a.positional[0].as_int();
@@ -824,7 +905,8 @@ std::optional<Value> GlobalFunction(const std::string& name) {
       constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit
       List out;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        if (static_cast<int64_t>(out.size()) >= kMaxRange) return ArgumentError("range", "too many items");
+        if (static_cast<int64_t>(out.size()) >= kMaxRange)
+          return ArgumentError("range", "too many items");
         out.emplace_back(i);
       }
       return Value(std::move(out));
@@ -836,7 +918,8 @@ std::optional<Value> GlobalFunction(const std::string& name) {
       auto d = std::make_shared<Dict>();
       d->is_namespace = ns;
       for (const Value& p : a.positional) {
-        if (!p.is_dict()) return ArgumentError(ns ? "namespace" : "dict", "expects a dict or keywords");
+        if (!p.is_dict())
+          return ArgumentError(ns ? "namespace" : "dict", "expects a dict or keywords");
         for (const auto& [k, v] : p.dict()->items()) d->Set(k, v);
       }
       for (const auto& [k, v] : a.keyword) d->Set(k, v);

@@ -36,8 +36,8 @@ class Lexer {
   StatusOr<std::vector<Token>> Run() {
     while (pos_ < src_.size()) {
       size_t open = src_.find('{', pos_);
-      while (open != std::string_view::npos && open + 1 < src_.size() &&
-             src_[open + 1] != '{' && src_[open + 1] != '%' && src_[open + 1] != '#') {
+      while (open != std::string_view::npos && open + 1 < src_.size() && src_[open + 1] != '{' &&
+             src_[open + 1] != '%' && src_[open + 1] != '#') {
         open = src_.find('{', open + 1);
       }
       if (open == std::string_view::npos || open + 1 >= src_.size()) {
@@ -101,7 +101,8 @@ class Lexer {
       while (begin < stop && IsSpace(src_[begin])) ++begin;
       strip_next_ = false;
     }
-    if (stop > begin) tokens_.push_back({Token::Kind::kText, std::string(src_.substr(begin, stop - begin)), line_});
+    if (stop > begin)
+      tokens_.push_back({Token::Kind::kText, std::string(src_.substr(begin, stop - begin)), line_});
     CountLines(pos_, end);
     pos_ = end;
   }
@@ -175,7 +176,9 @@ class Lexer {
       const char c = rest[0];
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t n = 1;
-        while (n < rest.size() && (std::isalnum(static_cast<unsigned char>(rest[n])) || rest[n] == '_')) ++n;
+        while (n < rest.size() &&
+               (std::isalnum(static_cast<unsigned char>(rest[n])) || rest[n] == '_'))
+          ++n;
         tokens_.push_back({Token::Kind::kName, std::string(rest.substr(0, n)), line_});
         pos_ += n;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
@@ -188,7 +191,8 @@ class Lexer {
         for (const char* t : kTwo) {
           if (rest.substr(0, 2) == t) op = t;
         }
-        if (op.size() == 1 && std::string_view("()[]{},.:|+-*/%~<>=").find(c) == std::string_view::npos) {
+        if (op.size() == 1 &&
+            std::string_view("()[]{},.:|+-*/%~<>=").find(c) == std::string_view::npos) {
           return Error(std::string("unexpected character '") + c + "'");
         }
         if (op == "(" || op == "[" || op == "{") ++depth;
@@ -202,8 +206,10 @@ class Lexer {
   Status LexNumber(std::string_view rest) {
     size_t n = 0;
     bool is_float = false;
-    while (n < rest.size() && (std::isdigit(static_cast<unsigned char>(rest[n])) || rest[n] == '_')) ++n;
-    if (n + 1 < rest.size() && rest[n] == '.' && std::isdigit(static_cast<unsigned char>(rest[n + 1]))) {
+    while (n < rest.size() && (std::isdigit(static_cast<unsigned char>(rest[n])) || rest[n] == '_'))
+      ++n;
+    if (n + 1 < rest.size() && rest[n] == '.' &&
+        std::isdigit(static_cast<unsigned char>(rest[n + 1]))) {
       is_float = true;
       ++n;
       while (n < rest.size() && std::isdigit(static_cast<unsigned char>(rest[n]))) ++n;
@@ -245,7 +251,9 @@ class Lexer {
         for (size_t k = 1; k <= digits; ++k) {
           const char h = rest[i + k];
           if (!std::isxdigit(static_cast<unsigned char>(h))) return Error("bad escape in a string");
-          cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+          cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h))
+                                                   ? h - '0'
+                                                   : (std::tolower(h) - 'a' + 10));
         }
         i += digits;
         return cp;
@@ -263,7 +271,9 @@ class Lexer {
         case '\'': value.push_back('\''); break;
         case '"': value.push_back('"'); break;
         case '\n': ++line_; break;  // a backslash before a newline joins the lines
-        case 'x': case 'u': case 'U': {
+        case 'x':
+        case 'u':
+        case 'U': {
           TANDEM_ASSIGN_OR_RETURN(const uint32_t cp, hex(e == 'x' ? 2 : e == 'u' ? 4 : 8));
           if (cp > 0x10FFFF) return Error("escape beyond Unicode in a string");
           AppendUtf8(cp, &value);

@@ -106,6 +106,8 @@ class Parser {
   }
 
   StatusOr<NodePtr> ParseStatement(const std::string& keyword, int line) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("blocks nested too deep");
     auto n = std::make_shared<Node>();
     n->line = line;
     std::string stop;
@@ -215,7 +217,18 @@ class Parser {
     return ExprPtr(list);
   }
 
+  // Nesting (brackets, unary chains, blocks in blocks) is bounded, so that a hostile template
+  // cannot exhaust the stack of the parser or of the renderer that walks its tree.
+  struct DepthGuard {
+    explicit DepthGuard(int* d) : depth(d) { ++*depth; }
+    ~DepthGuard() { --*depth; }
+    int* depth;
+  };
+  static constexpr int kMaxDepth = 100;
+
   StatusOr<ExprPtr> ParseExpression(bool with_condition) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("expression nested too deep");
     TANDEM_ASSIGN_OR_RETURN(ExprPtr e, ParseOr());
     if (!with_condition) return e;
     while (IsName("if")) {
@@ -265,6 +278,8 @@ class Parser {
   }
 
   StatusOr<ExprPtr> ParseNot() {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("expression nested too deep");
     if (IsName("not")) {
       const int line = Line();
       ++i_;
@@ -283,9 +298,9 @@ class Parser {
     while (true) {
       const int line = Line();
       std::string op;
-      if (Peek().kind == TK::kOp && (Peek().text == "==" || Peek().text == "!=" ||
-                                     Peek().text == "<" || Peek().text == ">" ||
-                                     Peek().text == "<=" || Peek().text == ">=")) {
+      if (Peek().kind == TK::kOp &&
+          (Peek().text == "==" || Peek().text == "!=" || Peek().text == "<" || Peek().text == ">" ||
+           Peek().text == "<=" || Peek().text == ">=")) {
         op = t_[i_++].text;
       } else if (IsName("in")) {
         ++i_;
@@ -346,6 +361,8 @@ class Parser {
   }
 
   StatusOr<ExprPtr> ParseUnary(bool with_filter) {
+    DepthGuard guard(&depth_);
+    if (depth_ > kMaxDepth) return Error("expression nested too deep");
     ExprPtr e;
     if (IsOp("-") || IsOp("+")) {
       auto u = NewExpr(Expr::Kind::kUnary, Line());
@@ -401,8 +418,8 @@ class Parser {
       TANDEM_RETURN_IF_ERROR(ParseArgs(t.get()));
     } else if ((Peek().kind == TK::kName && !IsName("and") && !IsName("or") && !IsName("else") &&
                 !IsName("if") && !IsName("is") && !IsName("in") && !IsName("not")) ||
-               Peek().kind == TK::kString || Peek().kind == TK::kInt ||
-               Peek().kind == TK::kFloat || IsOp("[") || IsOp("{")) {
+               Peek().kind == TK::kString || Peek().kind == TK::kInt || Peek().kind == TK::kFloat ||
+               IsOp("[") || IsOp("{")) {
       TANDEM_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
       TANDEM_ASSIGN_OR_RETURN(arg, ParsePostfix(arg));
       t->children.push_back(arg);
@@ -449,7 +466,8 @@ class Parser {
         if (Peek().kind == TK::kInt) {  // x.0 is x[0]
           g->kind = Expr::Kind::kGetItem;
           auto idx = NewExpr(Expr::Kind::kLiteral, Line());
-          idx->literal = Value(static_cast<int64_t>(std::strtoll(t_[i_++].text.c_str(), nullptr, 10)));
+          idx->literal =
+              Value(static_cast<int64_t>(std::strtoll(t_[i_++].text.c_str(), nullptr, 10)));
           g->children = {e, idx};
         } else {
           TANDEM_ASSIGN_OR_RETURN(g->name, ExpectIdentifier());
@@ -568,8 +586,7 @@ class Parser {
           return ExprPtr(d);
         }
         break;
-      default:
-        break;
+      default: break;
     }
     return Error("unexpected '" + tok.text + "'");
   }
@@ -577,6 +594,7 @@ class Parser {
   const std::vector<Token>& t_;
   size_t i_ = 0;
   std::set<std::string> names_;
+  int depth_ = 0;
 };
 
 }  // namespace

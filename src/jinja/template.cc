@@ -15,6 +15,7 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 constexpr int kMaxCallDepth = 64;              // macros calling macros
 constexpr size_t kMaxOutputBytes = 64u << 20;  // a runaway template stops here
+constexpr int64_t kMaxSteps = 2'000'000;       // statements and loop turns of one render
 
 Status UndefinedError(const Value& v) {
   return InvalidArgument("'" + (v.undefined_name().empty() ? "value" : v.undefined_name()) +
@@ -73,7 +74,8 @@ StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Value& b
       return Value(std::move(out));
     }
     List out;
-    for (int64_t i = 0; i < b.as_int(); ++i) out.insert(out.end(), a.list().begin(), a.list().end());
+    for (int64_t i = 0; i < b.as_int(); ++i)
+      out.insert(out.end(), a.list().begin(), a.list().end());
     return Value(std::move(out));
   }
   return TypeError(op, a, b);
@@ -83,7 +85,8 @@ StatusOr<bool> Contains(const Value& container, const Value& item) {
   switch (container.kind()) {
     case Kind::kString:
       if (!item.is_string()) {
-        return InvalidArgument("'in <string>' requires string as left operand, not " + item.TypeName());
+        return InvalidArgument("'in <string>' requires string as left operand, not " +
+                               item.TypeName());
       }
       return container.str().find(item.str()) != std::string::npos;
     case Kind::kList:
@@ -91,10 +94,8 @@ StatusOr<bool> Contains(const Value& container, const Value& item) {
         if (Equal(v, item)) return true;
       }
       return false;
-    case Kind::kDict:
-      return item.is_string() && container.dict()->Find(item.str()) != nullptr;
-    case Kind::kUndefined:
-      return false;
+    case Kind::kDict: return item.is_string() && container.dict()->Find(item.str()) != nullptr;
+    case Kind::kUndefined: return false;
     default:
       return InvalidArgument("argument of type '" + container.TypeName() + "' is not iterable");
   }
@@ -153,10 +154,9 @@ class Renderer {
   }
 
   StatusOr<Flow> ExecNode(const Node& n, std::string* out) {
+    if (++steps_ > kMaxSteps) return InvalidArgument("template runs too long");
     switch (n.kind) {
-      case Node::Kind::kText:
-        out->append(n.text);
-        return Flow::kNormal;
+      case Node::Kind::kText: out->append(n.text); return Flow::kNormal;
       case Node::Kind::kOutput: {
         auto v = Eval(*n.expr);
         if (!v.ok()) return At(v.status(), n.line);
@@ -174,15 +174,16 @@ class Renderer {
           if (take) return Exec(body, out);
         }
         return Flow::kNormal;
-      case Node::Kind::kFor:
-        return ExecFor(n, out);
+      case Node::Kind::kFor: return ExecFor(n, out);
       case Node::Kind::kSet: {
         auto v = Eval(*n.expr);
         if (!v.ok()) return At(v.status(), n.line);
         if (!n.attr_of.empty()) {
           const Value ns = Lookup(n.attr_of);
           if (!ns.is_dict() || !ns.dict()->is_namespace) {
-            return At(InvalidArgument("can only assign attributes of a namespace ('" + n.attr_of + "')"), n.line);
+            return At(
+                InvalidArgument("can only assign attributes of a namespace ('" + n.attr_of + "')"),
+                n.line);
           }
           ns.dict()->Set(n.targets[0], *v);
           return Flow::kNormal;
@@ -196,13 +197,9 @@ class Renderer {
         scopes_.back()[n.targets[0]] = Value(std::move(captured));
         return Flow::kNormal;
       }
-      case Node::Kind::kMacro:
-        scopes_.back()[n.name] = MakeMacro(n);
-        return Flow::kNormal;
-      case Node::Kind::kBreak:
-        return Flow::kBreak;
-      case Node::Kind::kContinue:
-        return Flow::kContinue;
+      case Node::Kind::kMacro: scopes_.back()[n.name] = MakeMacro(n); return Flow::kNormal;
+      case Node::Kind::kBreak: return Flow::kBreak;
+      case Node::Kind::kContinue: return Flow::kContinue;
       case Node::Kind::kFilterBlock: {
         std::string captured;
         TANDEM_RETURN_IF_ERROR(Exec(n.body, &captured).status());
@@ -242,7 +239,15 @@ class Renderer {
     }
     if (items.empty()) return Exec(n.else_body, out);
     const int64_t length = static_cast<int64_t>(items.size());
+    auto turn = std::make_shared<int64_t>(0);  // loop.cycle's view of the current turn
+    const Value cycle(std::make_shared<Callable>(
+        Callable{"loop.cycle", [turn](Args& a) -> StatusOr<Value> {
+                   if (a.positional.empty()) return InvalidArgument("loop.cycle: no items");
+                   return a.positional[static_cast<size_t>(*turn) % a.positional.size()];
+                 }}));
     for (int64_t i = 0; i < length; ++i) {
+      *turn = i;
+      if (++steps_ > kMaxSteps) return InvalidArgument("template runs too long");
       scopes_.emplace_back();
       Status st = Assign(n.targets, items[i]);
       if (!st.ok()) {
@@ -261,11 +266,7 @@ class Renderer {
       loop->Set("depth0", Value(0));
       loop->Set("previtem", i > 0 ? items[i - 1] : Value::MakeUndefined("loop.previtem"));
       loop->Set("nextitem", i + 1 < length ? items[i + 1] : Value::MakeUndefined("loop.nextitem"));
-      loop->Set("cycle", Value(std::make_shared<Callable>(Callable{
-                             "loop.cycle", [i](Args& a) -> StatusOr<Value> {
-                               if (a.positional.empty()) return InvalidArgument("loop.cycle: no items");
-                               return a.positional[static_cast<size_t>(i) % a.positional.size()];
-                             }})));
+      loop->Set("cycle", cycle);
       scopes_.back()["loop"] = Value(std::move(loop));
       auto flow = Exec(n.body, out);
       scopes_.pop_back();
@@ -277,48 +278,50 @@ class Renderer {
 
   Value MakeMacro(const Node& n) {
     const Node* node = &n;
-    return Value(std::make_shared<Callable>(Callable{
-        n.name, [this, node](Args& a) -> StatusOr<Value> {
-          if (depth_ >= kMaxCallDepth) return InvalidArgument("macros nested too deep");
-          if (a.positional.size() > node->params.size()) {
-            return InvalidArgument("macro '" + node->name + "' takes " +
-                                   std::to_string(node->params.size()) + " arguments");
-          }
-          // The macro sees the template's top level at call time and its own arguments.
-          std::vector<Scope> saved(scopes_.begin() + 2, scopes_.end());
-          scopes_.resize(2);
-          scopes_.emplace_back();
-          Status st;
-          for (size_t p = 0; p < node->params.size() && st.ok(); ++p) {
-            const auto& [pname, def] = node->params[p];
-            Value v = Value::MakeUndefined(pname);
-            if (p < a.positional.size()) {
-              v = a.positional[p];
-            } else {
-              bool given = false;
-              for (const auto& [k, kv] : a.keyword) {
-                if (k == pname) {
-                  v = kv;
-                  given = true;
-                }
-              }
-              if (!given && def != nullptr) {
-                auto d = Eval(*def);
-                if (!d.ok()) st = d.status();
-                else v = *d;
-              }
-            }
-            scopes_.back()[pname] = v;
-          }
-          std::string out;
-          ++depth_;
-          if (st.ok()) st = Exec(node->body, &out).status();
-          --depth_;
-          scopes_.resize(2);
-          scopes_.insert(scopes_.end(), saved.begin(), saved.end());
-          if (!st.ok()) return st;
-          return Value(std::move(out));
-        }}));
+    return Value(std::make_shared<Callable>(
+        Callable{n.name, [this, node](Args& a) -> StatusOr<Value> {
+                   if (depth_ >= kMaxCallDepth) return InvalidArgument("macros nested too deep");
+                   if (a.positional.size() > node->params.size()) {
+                     return InvalidArgument("macro '" + node->name + "' takes " +
+                                            std::to_string(node->params.size()) + " arguments");
+                   }
+                   // The macro sees the template's top level at call time and its own arguments.
+                   std::vector<Scope> saved(scopes_.begin() + 2, scopes_.end());
+                   scopes_.resize(2);
+                   scopes_.emplace_back();
+                   Status st;
+                   for (size_t p = 0; p < node->params.size() && st.ok(); ++p) {
+                     const auto& [pname, def] = node->params[p];
+                     Value v = Value::MakeUndefined(pname);
+                     if (p < a.positional.size()) {
+                       v = a.positional[p];
+                     } else {
+                       bool given = false;
+                       for (const auto& [k, kv] : a.keyword) {
+                         if (k == pname) {
+                           v = kv;
+                           given = true;
+                         }
+                       }
+                       if (!given && def != nullptr) {
+                         auto d = Eval(*def);
+                         if (!d.ok())
+                           st = d.status();
+                         else
+                           v = *d;
+                       }
+                     }
+                     scopes_.back()[pname] = v;
+                   }
+                   std::string out;
+                   ++depth_;
+                   if (st.ok()) st = Exec(node->body, &out).status();
+                   --depth_;
+                   scopes_.resize(2);
+                   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
+                   if (!st.ok()) return st;
+                   return Value(std::move(out));
+                 }}));
   }
 
   StatusOr<Args> EvalArgs(const Expr& e, size_t first) {
@@ -360,14 +363,17 @@ class Renderer {
       if (f) return *f;
       return GetAttr(obj, key.str());
     }
-    if ((obj.is_list() || obj.is_string()) && (key.kind() == Kind::kInt || key.kind() == Kind::kBool)) {
+    if ((obj.is_list() || obj.is_string()) &&
+        (key.kind() == Kind::kInt || key.kind() == Kind::kBool)) {
       if (obj.is_list()) {
         const int64_t i = Normalise(key.as_int(), static_cast<int64_t>(obj.list().size()));
-        if (i >= 0 && i < static_cast<int64_t>(obj.list().size())) return obj.list()[static_cast<size_t>(i)];
+        if (i >= 0 && i < static_cast<int64_t>(obj.list().size()))
+          return obj.list()[static_cast<size_t>(i)];
       } else {
         const std::vector<std::string> cps = CodePoints(obj.str());
         const int64_t i = Normalise(key.as_int(), static_cast<int64_t>(cps.size()));
-        if (i >= 0 && i < static_cast<int64_t>(cps.size())) return Value(cps[static_cast<size_t>(i)]);
+        if (i >= 0 && i < static_cast<int64_t>(cps.size()))
+          return Value(cps[static_cast<size_t>(i)]);
       }
       return Value::MakeUndefined("[" + std::to_string(key.as_int()) + "]");
     }
@@ -391,7 +397,8 @@ class Renderer {
       if (e.children[static_cast<size_t>(k) + 1] == nullptr) continue;
       TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*e.children[static_cast<size_t>(k) + 1]));
       if (v.is_none()) continue;
-      if (v.kind() != Kind::kInt && v.kind() != Kind::kBool) return InvalidArgument("slice indices must be integers");
+      if (v.kind() != Kind::kInt && v.kind() != Kind::kBool)
+        return InvalidArgument("slice indices must be integers");
       part[k] = v.as_int();
       given[k] = true;
     }
@@ -408,7 +415,8 @@ class Renderer {
     const int64_t start = clamp(part[0], given[0], step > 0 ? 0 : n - 1);
     const int64_t stop = clamp(part[1], given[1], step > 0 ? n : -1);
     List out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(items[static_cast<size_t>(i)]);
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+      out.push_back(items[static_cast<size_t>(i)]);
     if (obj.is_string()) {
       std::string s;
       for (const Value& c : out) s += c.str();
@@ -419,10 +427,8 @@ class Renderer {
 
   StatusOr<Value> Eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral:
-        return e.literal;
-      case Expr::Kind::kName:
-        return Lookup(e.name);
+      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kName: return Lookup(e.name);
       case Expr::Kind::kList: {
         List out;
         for (const ExprPtr& c : e.children) {
@@ -457,7 +463,8 @@ class Renderer {
       case Expr::Kind::kCall: {
         TANDEM_ASSIGN_OR_RETURN(Value f, Eval(*e.children[0]));
         if (f.is_undefined()) return UndefinedError(f);
-        if (f.kind() != Kind::kCallable) return InvalidArgument("'" + f.TypeName() + "' object is not callable");
+        if (f.kind() != Kind::kCallable)
+          return InvalidArgument("'" + f.TypeName() + "' object is not callable");
         TANDEM_ASSIGN_OR_RETURN(Args args, EvalArgs(e, 1));
         return f.callable()->call(args);
       }
@@ -476,12 +483,13 @@ class Renderer {
         TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*e.children[0]));
         if (e.name == "not") return Value(!v.Truthy());
         if (v.is_undefined()) return UndefinedError(v);
-        if (!v.is_number()) return InvalidArgument("bad operand type for unary " + e.name + ": '" + v.TypeName() + "'");
+        if (!v.is_number())
+          return InvalidArgument("bad operand type for unary " + e.name + ": '" + v.TypeName() +
+                                 "'");
         if (e.name == "+") return v.kind() == Kind::kBool ? Value(v.as_int()) : v;
         return v.kind() == Kind::kFloat ? Value(-v.as_float()) : Value(-v.as_int());
       }
-      case Expr::Kind::kBinary:
-        return EvalBinary(e);
+      case Expr::Kind::kBinary: return EvalBinary(e);
       case Expr::Kind::kCondition: {
         TANDEM_ASSIGN_OR_RETURN(Value cond, Eval(*e.children[1]));
         if (cond.Truthy()) return Eval(*e.children[0]);
@@ -518,6 +526,7 @@ class Renderer {
 
   std::vector<Scope> scopes_;  // [0]: the context, [1]: the template's top level, then blocks
   int depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -17,11 +17,10 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 

@@ -37,7 +37,8 @@ TEST(JinjaGoldenTest, EveryCaseMatchesJinja2) {
           << out.status().message();
       ++refused;
     } else {
-      ASSERT_TRUE(out.ok()) << name << ": " << out.status().ToString() << "\n" << c["context"].dump();
+      ASSERT_TRUE(out.ok()) << name << ": " << out.status().ToString() << "\n"
+                            << c["context"].dump();
       EXPECT_EQ(*out, c["expected"].get<std::string>()) << name << "\n" << c["context"].dump();
       ++rendered;
     }
@@ -86,6 +87,15 @@ TEST(JinjaTest, LimitsStopRunawayTemplates) {
   EXPECT_NE(Render("{{ range(1000000) | length }}").find("too many"), std::string::npos);
   EXPECT_NE(Render("{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}").find("too large"),
             std::string::npos);
+  EXPECT_NE(Render("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}")
+                .find("too long"),
+            std::string::npos);
+  EXPECT_NE(Render("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}")
+                .find("too deep"),
+            std::string::npos);
+  std::string nested;
+  for (int i = 0; i < 500; ++i) nested += "{% if true %}";
+  EXPECT_NE(Render(nested).find("too deep"), std::string::npos);
 }
 
 TEST(JinjaTest, NamespaceAttributesOnlyAreAssignable) {
@@ -102,7 +112,8 @@ TEST(JinjaTest, ContextKeepsKeyOrder) {
 }
 
 TEST(JinjaTest, ReadsReportsVariables) {
-  auto t = Template::Parse("{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{% endif %}");
+  auto t = Template::Parse(
+      "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{% endif %}");
   ASSERT_TRUE(t.ok());
   EXPECT_TRUE(t->Reads("messages"));
   EXPECT_TRUE(t->Reads("tools"));

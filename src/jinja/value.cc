@@ -25,18 +25,13 @@ void Dict::Set(const std::string& key, Value v) {
 
 Value Value::FromJson(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null:
-      return None();
-    case nlohmann::ordered_json::value_t::boolean:
-      return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-      return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null: return None();
+    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned:
       return Value(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::ordered_json::value_t::number_float:
-      return Value(j.get<double>());
-    case nlohmann::ordered_json::value_t::string:
-      return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List l;
       for (const auto& e : j) l.push_back(FromJson(e));
@@ -47,8 +42,7 @@ Value Value::FromJson(const nlohmann::ordered_json& j) {
       for (const auto& [k, e] : j.items()) d->Set(k, FromJson(e));
       return Value(std::move(d));
     }
-    default:
-      return None();
+    default: return None();
   }
 }
 
@@ -63,22 +57,14 @@ double Value::as_float() const {
 bool Value::Truthy() const {
   switch (kind()) {
     case Kind::kUndefined:
-    case Kind::kNone:
-      return false;
-    case Kind::kBool:
-      return as_bool();
-    case Kind::kInt:
-      return as_int() != 0;
-    case Kind::kFloat:
-      return as_float() != 0;
-    case Kind::kString:
-      return !str().empty();
-    case Kind::kList:
-      return !list().empty();
-    case Kind::kDict:
-      return dict()->size() > 0;
-    case Kind::kCallable:
-      return true;
+    case Kind::kNone: return false;
+    case Kind::kBool: return as_bool();
+    case Kind::kInt: return as_int() != 0;
+    case Kind::kFloat: return as_float() != 0;
+    case Kind::kString: return !str().empty();
+    case Kind::kList: return !list().empty();
+    case Kind::kDict: return dict()->size() > 0;
+    case Kind::kCallable: return true;
   }
   return false;
 }
@@ -183,24 +169,17 @@ Status JsonInto(const Value& v, int indent, int depth, std::string* out) {
   };
   const std::string sep = indent >= 0 ? "," : ", ";
   switch (v.kind()) {
-    case Value::Kind::kNone:
-      *out += "null";
-      return OkStatus();
-    case Value::Kind::kBool:
-      *out += v.as_bool() ? "true" : "false";
-      return OkStatus();
-    case Value::Kind::kInt:
-      *out += std::to_string(v.as_int());
-      return OkStatus();
+    case Value::Kind::kNone: *out += "null"; return OkStatus();
+    case Value::Kind::kBool: *out += v.as_bool() ? "true" : "false"; return OkStatus();
+    case Value::Kind::kInt: *out += std::to_string(v.as_int()); return OkStatus();
     case Value::Kind::kFloat: {
       const double d = v.as_float();
-      *out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
-                                                     : FloatRepr(d);
+      *out += std::isnan(d)   ? "NaN"
+              : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                              : FloatRepr(d);
       return OkStatus();
     }
-    case Value::Kind::kString:
-      JsonString(v.str(), out);
-      return OkStatus();
+    case Value::Kind::kString: JsonString(v.str(), out); return OkStatus();
     case Value::Kind::kList: {
       if (v.list().empty()) {
         *out += "[]";
@@ -249,29 +228,20 @@ Status JsonInto(const Value& v, int indent, int depth, std::string* out) {
 
 std::string Value::ToString() const {
   switch (kind()) {
-    case Kind::kUndefined:
-      return "";
-    case Kind::kString:
-      return str();
-    default:
-      return Repr();
+    case Kind::kUndefined: return "";
+    case Kind::kString: return str();
+    default: return Repr();
   }
 }
 
 std::string Value::Repr() const {
   switch (kind()) {
-    case Kind::kUndefined:
-      return "";
-    case Kind::kNone:
-      return "None";
-    case Kind::kBool:
-      return as_bool() ? "True" : "False";
-    case Kind::kInt:
-      return std::to_string(as_int());
-    case Kind::kFloat:
-      return FloatRepr(as_float());
-    case Kind::kString:
-      return StringRepr(str());
+    case Kind::kUndefined: return "";
+    case Kind::kNone: return "None";
+    case Kind::kBool: return as_bool() ? "True" : "False";
+    case Kind::kInt: return std::to_string(as_int());
+    case Kind::kFloat: return FloatRepr(as_float());
+    case Kind::kString: return StringRepr(str());
     case Kind::kList: {
       std::string out = "[";
       for (size_t i = 0; i < list().size(); ++i) {
@@ -290,8 +260,7 @@ std::string Value::Repr() const {
       }
       return out + "}";
     }
-    case Kind::kCallable:
-      return "<function " + callable()->name + ">";
+    case Kind::kCallable: return "<function " + callable()->name + ">";
   }
   return "";
 }
@@ -318,10 +287,8 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone:
-      return true;
-    case Value::Kind::kString:
-      return a.str() == b.str();
+    case Value::Kind::kNone: return true;
+    case Value::Kind::kString: return a.str() == b.str();
     case Value::Kind::kList: {
       if (a.list().size() != b.list().size()) return false;
       for (size_t i = 0; i < a.list().size(); ++i) {
@@ -337,10 +304,8 @@ bool Equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Value::Kind::kCallable:
-      return a.callable() == b.callable();
-    default:
-      return false;
+    case Value::Kind::kCallable: return a.callable() == b.callable();
+    default: return false;
   }
 }
 

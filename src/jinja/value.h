@@ -9,13 +9,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 
@@ -58,15 +57,15 @@ class Value {
   Value() : v_(Undefined{}) {}
   static Value MakeUndefined(std::string name) { return Value(Undefined{std::move(name)}); }
   static Value None() { return Value(nullptr); }
-  Value(bool b) : v_(b) {}                                  // NOLINT(runtime/explicit)
-  Value(int64_t i) : v_(i) {}                               // NOLINT(runtime/explicit)
-  Value(int i) : v_(static_cast<int64_t>(i)) {}             // NOLINT(runtime/explicit)
-  Value(double d) : v_(d) {}                                // NOLINT(runtime/explicit)
-  Value(std::string s) : v_(std::move(s)) {}                // NOLINT(runtime/explicit)
-  Value(const char* s) : v_(std::string(s)) {}              // NOLINT(runtime/explicit)
+  Value(bool b) : v_(b) {}                                     // NOLINT(runtime/explicit)
+  Value(int64_t i) : v_(i) {}                                  // NOLINT(runtime/explicit)
+  Value(int i) : v_(static_cast<int64_t>(i)) {}                // NOLINT(runtime/explicit)
+  Value(double d) : v_(d) {}                                   // NOLINT(runtime/explicit)
+  Value(std::string s) : v_(std::move(s)) {}                   // NOLINT(runtime/explicit)
+  Value(const char* s) : v_(std::string(s)) {}                 // NOLINT(runtime/explicit)
   Value(List l) : v_(std::make_shared<List>(std::move(l))) {}  // NOLINT(runtime/explicit)
-  Value(std::shared_ptr<Dict> d) : v_(std::move(d)) {}      // NOLINT(runtime/explicit)
-  Value(std::shared_ptr<Callable> c) : v_(std::move(c)) {}  // NOLINT(runtime/explicit)
+  Value(std::shared_ptr<Dict> d) : v_(std::move(d)) {}         // NOLINT(runtime/explicit)
+  Value(std::shared_ptr<Callable> c) : v_(std::move(c)) {}     // NOLINT(runtime/explicit)
 
   // A JSON document as Python's json.loads would give it (object key order kept).
   static Value FromJson(const nlohmann::ordered_json& j);
@@ -82,8 +81,8 @@ class Value {
   bool is_dict() const { return kind() == Kind::kDict; }
 
   bool as_bool() const { return std::get<bool>(v_); }
-  int64_t as_int() const;  // bool or int
-  double as_float() const; // bool, int or float
+  int64_t as_int() const;   // bool or int
+  double as_float() const;  // bool, int or float
   const std::string& str() const { return std::get<std::string>(v_); }
   const List& list() const { return *std::get<std::shared_ptr<List>>(v_); }
   const std::shared_ptr<Dict>& dict() const { return std::get<std::shared_ptr<Dict>>(v_); }
@@ -92,18 +91,18 @@ class Value {
   }
   const std::string& undefined_name() const { return std::get<Undefined>(v_).name; }
 
-  bool Truthy() const;                 // Python's bool()
-  std::string ToString() const;        // Python's str(): what {{ value }} prints
-  std::string Repr() const;            // Python's repr()
-  std::string TypeName() const;        // Python's type name, for errors
+  bool Truthy() const;           // Python's bool()
+  std::string ToString() const;  // Python's str(): what {{ value }} prints
+  std::string Repr() const;      // Python's repr()
+  std::string TypeName() const;  // Python's type name, for errors
   // Python's json.dumps(value, ensure_ascii=False, indent=indent) with the separators it uses
   // by default (", " and ": "; "," at line ends when indented); indent < 0: on one line.
   StatusOr<std::string> ToJson(int indent) const;
 
  private:
-  using Storage = std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string,
-                               std::shared_ptr<List>, std::shared_ptr<Dict>,
-                               std::shared_ptr<Callable>>;
+  using Storage =
+      std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string,
+                   std::shared_ptr<List>, std::shared_ptr<Dict>, std::shared_ptr<Callable>>;
   explicit Value(Undefined u) : v_(std::move(u)) {}
   explicit Value(std::nullptr_t) : v_(nullptr) {}
   Storage v_;

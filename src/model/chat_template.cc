@@ -1,80 +1,13 @@
-// Recognises chat templates by fixed markers instead of running Jinja. Every recognised
-// template renders byte-identically to what jinja2 produces for it (tests compare against
-// tests/golden/tokenizer/chat_template_golden.json).
 #include "model/chat_template.h"
+
+#include <nlohmann/json.hpp>
+
+#include "jinja/template.h"
 
 namespace tandem::model {
 namespace {
 
-constexpr std::string_view kImStart = "<|im_start|>";
-constexpr std::string_view kImEnd = "<|im_end|>";
-
-// Jinja string-literal escapes that may appear inside a quoted default system message.
-std::string UnescapeJinjaLiteral(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      const char c = s[++i];
-      out.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
-}
-
-// The default system message of templates shaped like SmolLM2's / Qwen2's:
-//   {% if loop.first and messages[0]['role'] != 'system' %}
-//   {{ '<|im_start|>system\n<DEFAULT><|im_end|>\n' }}{% endif %}
-// nullopt when the template has no such branch.
-StatusOr<std::optional<std::string>> DefaultSystemMessage(const std::string& t) {
-  size_t cond = std::string::npos;
-  for (const char* pattern : {"loop.first and messages[0]['role'] != 'system'",
-                              "loop.first and messages[0][\"role\"] != \"system\"",
-                              "loop.first and messages[0].role != 'system'"}) {
-    cond = t.find(pattern);
-    if (cond != std::string::npos) break;
-  }
-  if (cond == std::string::npos) return std::optional<std::string>();
-  const size_t end_if = t.find("endif", cond);
-  const std::string header = std::string(kImStart) + "system";
-  size_t start = t.find(header, cond);
-  if (start == std::string::npos || start > end_if) {
-    return InvalidArgument("chat template has a default-system branch without '" + header + "'");
-  }
-  start += header.size();
-  if (t.compare(start, 1, "\n") == 0) {
-    start += 1;
-  } else if (t.compare(start, 2, "\\n") == 0) {
-    start += 2;
-  } else {
-    return InvalidArgument("chat template: expected a newline after '" + header + "'");
-  }
-  const size_t stop = t.find(kImEnd, start);
-  if (stop == std::string::npos || stop > end_if) {
-    return InvalidArgument("chat template: default system message is not closed by <|im_end|>");
-  }
-  return std::optional<std::string>(
-      UnescapeJinjaLiteral(std::string_view(t).substr(start, stop - start)));
-}
-
-}  // namespace
-
-StatusOr<ChatTemplate> ChatTemplate::Detect(const std::string& template_text) {
-  if (template_text.empty()) return InvalidArgument("chat template is empty");
-  if (template_text.find(kImStart) != std::string::npos) {
-    TANDEM_ASSIGN_OR_RETURN(auto default_system, DefaultSystemMessage(template_text));
-    return ChatTemplate(Kind::kChatML, std::move(default_system));
-  }
-  std::string head = template_text.substr(0, 60);
-  for (char& c : head) {
-    if (c == '\n') c = ' ';
-  }
-  return InvalidArgument("unrecognised chat template (only ChatML is supported): \"" + head +
-                         (template_text.size() > 60 ? "...\"" : "\""));
-}
-
-namespace {
+using ojson = nlohmann::ordered_json;
 
 std::string_view Trim(std::string_view s) {
   const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
@@ -100,21 +33,67 @@ std::string ApplyGemma(const std::vector<ChatMessage>& messages, bool add_genera
   return out;
 }
 
+// A message as chat templates expect it: role, content, and for tool use the calls (their
+// arguments as objects, which templates pass to tojson) and the id a tool result answers.
+ojson MessageJson(const ChatMessage& m) {
+  ojson j = {{"role", m.role}, {"content", m.content}};
+  if (!m.tool_calls.empty()) {
+    ojson calls = ojson::array();
+    for (const ChatToolCall& c : m.tool_calls) {
+      ojson args = ojson::parse(c.arguments_json, nullptr, /*allow_exceptions=*/false);
+      if (args.is_discarded()) args = c.arguments_json;
+      calls.push_back({{"id", c.id},
+                       {"type", "function"},
+                       {"function", {{"name", c.name}, {"arguments", std::move(args)}}}});
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+  return j;
+}
+
 }  // namespace
 
-std::string ChatTemplate::Apply(const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt) const {
+StatusOr<ChatTemplate> ChatTemplate::Parse(const std::string& template_text, std::string bos_token,
+                                           std::string eos_token, bool tokenizer_adds_bos) {
+  if (template_text.empty()) return InvalidArgument("chat template is empty");
+  auto parsed = jinja::Template::Parse(template_text);
+  if (!parsed.ok()) return InvalidArgument("chat template: " + parsed.status().message());
+  ChatTemplate t;
+  t.kind_ = Kind::kJinja;
+  t.jinja_ = std::make_shared<const jinja::Template>(std::move(*parsed));
+  t.bos_token_ = std::move(bos_token);
+  t.eos_token_ = std::move(eos_token);
+  t.strip_leading_bos_ = tokenizer_adds_bos && !t.bos_token_.empty();
+  return t;
+}
+
+ChatTemplate ChatTemplate::Gemma() { return ChatTemplate(); }
+
+bool ChatTemplate::reads_tools() const { return jinja_ != nullptr && jinja_->Reads("tools"); }
+
+StatusOr<std::string> ChatTemplate::Apply(const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt,
+                                          const std::string& tools_json) const {
   if (kind_ == Kind::kGemma) return ApplyGemma(messages, add_generation_prompt);
-  std::string out;
-  auto append = [&out](std::string_view role, std::string_view content) {
-    out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");
-  };
-  if (default_system_ && !messages.empty() && messages[0].role != "system") {
-    append("system", *default_system_);
+  ojson context = ojson::object();
+  ojson list = ojson::array();
+  for (const ChatMessage& m : messages) list.push_back(MessageJson(m));
+  context["messages"] = std::move(list);
+  context["add_generation_prompt"] = add_generation_prompt;
+  context["bos_token"] = bos_token_;
+  context["eos_token"] = eos_token_;
+  context["tools"] = nullptr;  // as apply_chat_template passes it when there are none
+  if (!tools_json.empty()) {
+    ojson tools = ojson::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+    if (tools.is_discarded() || !tools.is_array())
+      return InvalidArgument("tools: not a JSON array");
+    context["tools"] = std::move(tools);
   }
-  for (const ChatMessage& m : messages) append(m.role, m.content);
-  if (add_generation_prompt) out.append(kImStart).append("assistant\n");
-  return out;
+  auto text = jinja_->Render(context);
+  if (!text.ok()) return InvalidArgument("chat template: " + text.status().message());
+  if (strip_leading_bos_ && text->starts_with(bos_token_)) text->erase(0, bos_token_.size());
+  return text;
 }
 
 }  // namespace tandem::model

@@ -25,7 +25,7 @@ class HttpServerTest : public ::testing::Test {
     auto tok = model::Tokenizer::Create(model::testing_util::SmolLm2Vocab());
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     tokenizer_ = std::move(*tok);
-    auto tmpl = model::ChatTemplate::Detect(
+    auto tmpl = model::ChatTemplate::Parse(
         model::testing_util::SmolLm2VocabJson()["chat_template"].get<std::string>());
     ASSERT_TRUE(tmpl.ok());
     template_.emplace(std::move(*tmpl));
@@ -152,7 +152,7 @@ TEST_F(HttpServerTest, ChatNonStreaming) {
   EXPECT_EQ(j["choices"][0]["message"]["content"], kReply);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   const auto prompt =
-      tokenizer_->Encode(template_->Apply({{"user", "Say hello"}}, true), false, true);
+      tokenizer_->Encode(template_->Apply({{"user", "Say hello"}}, true).value(), false, true);
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(j["usage"]["completion_tokens"], reply_ids_.size() + 1);  // + EOS
   EXPECT_EQ(backend_->last_request().prompt_tokens, prompt);

@@ -174,6 +174,7 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     } else {
       return WrongType(where + ".content", "a string or an array of content parts", *content);
     }
+    std::vector<model::ChatToolCall> calls_out;
     if (const json* calls = Field(m, "tool_calls")) {
       if (r != "assistant") {
         return ApiError::BadRequest("'" + where + ".tool_calls' is for assistant messages",
@@ -200,11 +201,18 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
                 cw + ".function.arguments");
           }
         }
-        text += RenderToolCall(name->get<std::string>(), args_value.dump());
+        const json* id = Field(call, "id");
+        calls_out.push_back({id != nullptr && id->is_string() ? id->get<std::string>() : "",
+                             name->get<std::string>(),
+                             args != nullptr ? args->get<std::string>() : "{}"});  // order kept
       }
     }
-    if (r == "tool") text = RenderToolResult(text);
-    out->push_back({std::move(r), std::move(text)});
+    std::string tool_call_id;
+    if (const json* id = Field(m, "tool_call_id");
+        id != nullptr && id->is_string() && r == "tool") {
+      tool_call_id = id->get<std::string>();
+    }
+    out->push_back({std::move(r), std::move(text), std::move(calls_out), std::move(tool_call_id)});
   }
   return std::nullopt;
 }
@@ -686,9 +694,10 @@ std::optional<ApiError> BuildPrompt(const ParsedRequest& request, const model::T
                                       "); use /v1/completions with a formatted prompt instead",
                                   "messages");
     }
-    const std::string text = chat_template->Apply(WithToolsOffered(request.messages, request.tools),
-                                                  /*add_generation_prompt=*/true);
-    *prompt_tokens = tokenizer.Encode(text, tokenizer.add_bos(), /*parse_special=*/true);
+    auto text = RenderChatPrompt(*chat_template, request.messages, request.tools,
+                                 /*add_generation_prompt=*/true);
+    if (!text.ok()) return ApiError::BadRequest(text.status().message(), "messages");
+    *prompt_tokens = tokenizer.Encode(*text, tokenizer.add_bos(), /*parse_special=*/true);
   } else if (prompt_index >= request.prompts.size()) {
     return ApiError::BadRequest("'prompt' is required", "prompt");
   } else if (const CompletionPrompt& p = request.prompts[prompt_index]; !p.token_ids.empty()) {

@@ -302,7 +302,7 @@ class BuildPromptTest : public ::testing::Test {
     auto tok = model::Tokenizer::Create(vocab);
     ASSERT_TRUE(tok.ok()) << tok.status().ToString();
     tokenizer_ = std::move(*tok);
-    auto tmpl = model::ChatTemplate::Detect(
+    auto tmpl = model::ChatTemplate::Parse(
         model::testing_util::SmolLm2VocabJson()["chat_template"].get<std::string>());
     ASSERT_TRUE(tmpl.ok());
     template_.emplace(std::move(*tmpl));
@@ -317,7 +317,7 @@ TEST_F(BuildPromptTest, ChatUsesTemplateWithSpecialTokens) {
   std::vector<int32_t> ids;
   int max_tokens = 0;
   ASSERT_FALSE(BuildPrompt(r, *tokenizer_, &*template_, "", 200, &ids, &max_tokens));
-  const std::string expected = template_->Apply({{"user", "hi"}}, true);
+  const std::string expected = template_->Apply({{"user", "hi"}}, true).value();
   EXPECT_EQ(ids, tokenizer_->Encode(expected, tokenizer_->add_bos(), true));
   EXPECT_EQ(max_tokens, 200 - static_cast<int>(ids.size()));
 }

@@ -50,6 +50,35 @@ std::vector<model::ChatMessage> WithToolsOffered(const std::vector<model::ChatMe
   return out;
 }
 
+StatusOr<std::string> RenderChatPrompt(const model::ChatTemplate& chat_template,
+                                       const std::vector<model::ChatMessage>& messages,
+                                       const std::vector<ToolDefinition>& tools,
+                                       bool add_generation_prompt) {
+  if (chat_template.reads_tools()) {
+    std::string tools_json;
+    if (!tools.empty()) {
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      for (const ToolDefinition& t : tools) {
+        nlohmann::ordered_json fn = {{"name", t.name}};
+        if (!t.description.empty()) fn["description"] = t.description;
+        fn["parameters"] = nlohmann::ordered_json::parse(t.parameters_json, nullptr, false);
+        list.push_back({{"type", "function"}, {"function", std::move(fn)}});
+      }
+      tools_json = list.dump();
+    }
+    return chat_template.Apply(messages, add_generation_prompt, tools_json);
+  }
+  std::vector<model::ChatMessage> inline_calls = messages;
+  for (model::ChatMessage& m : inline_calls) {
+    for (const model::ChatToolCall& c : m.tool_calls)
+      m.content += RenderToolCall(c.name, c.arguments_json);
+    m.tool_calls.clear();
+    if (m.role == "tool") m.content = RenderToolResult(m.content);
+    m.tool_call_id.clear();
+  }
+  return chat_template.Apply(WithToolsOffered(inline_calls, tools), add_generation_prompt);
+}
+
 std::string NewToolCallId() {
   // The request-id generator's randomness, another prefix.
   const std::string id = NewRequestId(Endpoint::kCompletions);  // "cmpl-" + 24 hex

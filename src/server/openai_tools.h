@@ -1,6 +1,7 @@
 // How tools appear in a chat prompt and how a tool-mode answer becomes OpenAI's tool_calls, in
-// the Hermes-style format of structured/tool_call.h (what SmolLM2 was trained on; its GGUF chat
-// template has no tool section, so the tools go into the system message):
+// the Hermes-style format of structured/tool_call.h (what SmolLM2 was trained on), for chat
+// templates without a tool section of their own (SmolLM2's has none, so the tools go into the
+// system message):
 //
 //   system:    <the system prompt>\n\n + kToolsPreamble + <tools>{...}\n{...}</tools>
 //   assistant: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
@@ -23,6 +24,14 @@ std::string RenderToolResult(const std::string& content);
 // unchanged without tools.
 std::vector<model::ChatMessage> WithToolsOffered(const std::vector<model::ChatMessage>& messages,
                                                  const std::vector<ToolDefinition>& tools);
+// The prompt of a chat request. A template that renders tools itself (reads `tools`) gets the
+// messages as they came (calls and tool results structured) and the tools as OpenAI's array;
+// any other gets them in the format above, inside the messages' text. A template's refusal
+// (raise_exception) is kInvalidArgument with its message.
+StatusOr<std::string> RenderChatPrompt(const model::ChatTemplate& chat_template,
+                                       const std::vector<model::ChatMessage>& messages,
+                                       const std::vector<ToolDefinition>& tools,
+                                       bool add_generation_prompt);
 // "call_" + 24 hex digits; thread-safe.
 std::string NewToolCallId();
 

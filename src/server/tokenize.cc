@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/openai_tools.h"
+
 namespace tandem::server {
 namespace {
 
@@ -54,8 +56,10 @@ std::optional<ApiError> Tokenize(std::string_view body_text, const ProtocolLimit
           "this model has no chat template that tandem supports (" + no_template_reason + ")",
           "messages");
     }
-    const std::string text = chat_template->Apply(parsed.messages, add_generation_prompt);
-    tokens = tokenizer.Encode(text, tokenizer.add_bos(), /*parse_special=*/true);
+    auto text =
+        RenderChatPrompt(*chat_template, parsed.messages, parsed.tools, add_generation_prompt);
+    if (!text.ok()) return ApiError::BadRequest(text.status().message(), "messages");
+    tokens = tokenizer.Encode(*text, tokenizer.add_bos(), /*parse_special=*/true);
   } else {
     if (parsed.prompts.size() != 1) {
       return ApiError::BadRequest("'prompt' must be one prompt here", "prompt");

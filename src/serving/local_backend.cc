@@ -834,8 +834,6 @@ class LocalBackendImpl final : public LocalBackend {
     });
     const Clock::duration sampling = Clock::now() - sample_start;
     sampling_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(sampling).count());
-    // A mock engine's step time includes drawing the tokens, as a GPU engine's does.
-    engine_->transformer().CreditMockHostSeconds(std::chrono::duration<double>(sampling).count());
     size_t row = 0;
     for (size_t i = 0; i < plan.size(); ++i) {
       Sequence& s = *plan[i].seq;
@@ -875,6 +873,10 @@ class LocalBackendImpl final : public LocalBackend {
         SetFinish(s, FinishReason::kLength);
       }
     }
+    // A mock engine's step time includes drawing and handing out the tokens, as a GPU engine's
+    // does (its host work overlaps the device's next step).
+    engine_->transformer().CreditMockHostSeconds(
+        std::chrono::duration<double>(Clock::now() - sample_start).count());
     ReapFinished();
   }
 

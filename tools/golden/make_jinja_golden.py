@@ -118,8 +118,8 @@ def main():
         for gen in (False, True):
             context = {"messages": CONVERSATIONS[conversation], "add_generation_prompt": gen,
                        "bos_token": "<s>", "eos_token": "</s>"}
-            if with_tools:
-                context["tools"] = [WEATHER_TOOL, TIME_TOOL]
+            # apply_chat_template passes tools=None when it is given none.
+            context["tools"] = [WEATHER_TOOL, TIME_TOOL] if with_tools else None
             case = {"template": template, "context": context}
             case.update(render(env, templates[template], context))
             cases.append(case)
