@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "app_util.h"
@@ -21,6 +23,7 @@
 #include "conductor/conductor.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
+#include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "server/http_server.h"
@@ -103,6 +106,10 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
   cmd->add_option("--served-model-name", f.served_model_names,
                   "Model names clients use, the first being the main one (default: file stem)")
       ->expected(1, 16);
+  cmd->add_option("--chat-template", f.chat_template_file,
+                  "A Jinja chat template file used instead of the model file's "
+                  "tokenizer.chat_template")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--request-timeout-s", f.request_timeout_s, "A request fails after this long")
       ->check(CLI::Range(0.1, 1e6))
       ->capture_default_str();
@@ -351,6 +358,21 @@ int RunServe(const ServeFlags& flags) {
   if (mock_cost && f.kv_cache_tokens > read_config->context_length) {
     read_config->context_length = f.kv_cache_tokens;
   }
+  if (!f.chat_template_file.empty()) {
+    std::ifstream in(f.chat_template_file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in.good() && !in.eof()) {
+      std::fprintf(stderr, "error: --chat-template: cannot read %s\n", f.chat_template_file.c_str());
+      return 2;
+    }
+    if (auto parsed = model::ChatTemplate::Parse(text.str()); !parsed.ok()) {
+      std::fprintf(stderr, "error: --chat-template %s: %s\n", f.chat_template_file.c_str(),
+                   parsed.status().message().c_str());
+      return 2;
+    }
+    read_config->chat_template = text.str();
+  }
   const model::ModelConfig config = std::move(*read_config);
   int max_model_len = f.max_model_len > 0 ? f.max_model_len : config.context_length;
   if (max_model_len > config.context_length) {
@@ -449,6 +471,7 @@ int RunServe(const ServeFlags& flags) {
     eo.model_path = model_path;
     eo.threads = threads;
     eo.kv_capacity_tokens = static_cast<int>(kv_tokens);
+    eo.chat_template = config.chat_template;
     if (mock_cost) eo.mock_step_seconds = cluster::MockStepFunction(*mock_cost);
     auto loaded = engine::Engine::Load(eo);
     if (!loaded.ok()) {

@@ -27,6 +27,7 @@ struct ServeFlags {
   // The first is the name responses carry by default; all are accepted and listed. Default: the
   // model file's stem.
   std::vector<std::string> served_model_names;
+  std::string chat_template_file;  // a Jinja chat template replacing the model file's
   double request_timeout_s = 600;
   int http_threads = 0;  // 0: max_num_seqs + max_waiting + 16
   // Scheduling and transfer settings, the colocated engine's and each worker's (passed on).

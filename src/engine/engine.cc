@@ -22,6 +22,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(e->gguf_, model::GgufFile::Open(options.model_path));
   TANDEM_ASSIGN_OR_RETURN(e->config_, model::ReadModelConfig(*e->gguf_));
   TANDEM_ASSIGN_OR_RETURN(e->weights_, BindWeights(*e->gguf_, e->config_));
+  if (!options.chat_template.empty()) e->config_.chat_template = options.chat_template;
   TANDEM_ASSIGN_OR_RETURN(model::TextFrontEnd text, model::LoadTextFrontEnd(*e->gguf_, e->config_));
   e->tokenizer_ = std::move(text.tokenizer);
   e->chat_template_ = std::move(text.chat_template);

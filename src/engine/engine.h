@@ -49,6 +49,8 @@ struct EngineOptions {
   // value per token and layer (what moves between mock workers is bookkeeping, not data); every
   // sequence generates the same ordinary token (never an end of generation).
   std::function<double(std::span<const BatchItem> batch)> mock_step_seconds;
+  // A Jinja chat template used instead of the file's tokenizer.chat_template; empty: the file's.
+  std::string chat_template;
 };
 
 struct GenerateOptions {

@@ -928,8 +928,8 @@ std::optional<Value> GlobalFunction(const std::string& name) {
   }
   if (name == "raise_exception") {
     return Value(MakeCallable("raise_exception", [](Args& a) -> StatusOr<Value> {
-      return InvalidArgument("chat template error: " +
-                             (a.positional.empty() ? std::string() : a.positional[0].ToString()));
+      return InvalidArgument(a.positional.empty() ? std::string("raise_exception")
+                                                  : a.positional[0].ToString());
     }));
   }
   if (name == "strftime_now") {

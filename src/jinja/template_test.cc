@@ -78,7 +78,7 @@ TEST(JinjaTest, UndefinedIsEmptyUntilUsed) {
 
 TEST(JinjaTest, RaiseExceptionStopsTheRender) {
   const std::string out = Render("before{{ raise_exception('no system role') }}after");
-  EXPECT_EQ(out, "render error: line 1: chat template error: no system role");
+  EXPECT_EQ(out, "render error: line 1: no system role");
 }
 
 TEST(JinjaTest, LimitsStopRunawayTemplates) {

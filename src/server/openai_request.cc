@@ -386,7 +386,10 @@ uint64_t RandomSeed() {
 
 // tools, tool_choice, parallel_tool_calls (chat). Sets out->tools (the tools offered, empty
 // under tool_choice "none") and, for a call, sampling.json_schema / tool_mode.
-std::optional<ApiError> ParseTools(const json& body, Endpoint endpoint, ParsedRequest* out) {
+// body_text: the body as sent, for the tools' parameters in their key order (the order chat
+// templates show them in; `body` sorts keys).
+std::optional<ApiError> ParseTools(const json& body, std::string_view body_text, Endpoint endpoint,
+                                   ParsedRequest* out) {
   if (const json* v = Field(body, "functions")) {
     if (!v->is_array()) return WrongType("functions", "an array", *v);
     if (!v->empty()) return Unsupported("functions", "the deprecated 'functions' (use 'tools')");
@@ -404,6 +407,8 @@ std::optional<ApiError> ParseTools(const json& body, Endpoint endpoint, ParsedRe
     return Unsupported("tools", "tools on /v1/completions");
   if (tools->size() > 128)
     return ApiError::BadRequest("'tools' may hold at most 128 tools", "tools");
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body_text.begin(), body_text.end(), nullptr, false);
   std::vector<ToolDefinition> defs;
   for (size_t i = 0; i < tools->size(); ++i) {
     const std::string where = "tools[" + std::to_string(i) + "]";
@@ -447,6 +452,10 @@ std::optional<ApiError> ParseTools(const json& body, Endpoint endpoint, ParsedRe
       params = *p;
     }
     d.parameters_json = params.dump();
+    d.parameters_ordered_json = d.parameters_json;
+    if (Field(*fn, "parameters") != nullptr && !ordered.is_discarded()) {
+      d.parameters_ordered_json = ordered.at("tools").at(i).at("function").at("parameters").dump();
+    }
     if (auto compiled = structured::CompileSchema(d.parameters_json); !compiled.ok()) {
       return ApiError::BadRequest(
           "'" + where + ".function.parameters': " + compiled.status().message(),
@@ -599,7 +608,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     if (auto e = RejectUnsupported(body, endpoint)) return e;
     if (auto e = ParseOutputControls(body, endpoint, limits, out)) return e;
     if (auto e = ParseResponseFormat(body, &out->sampling)) return e;
-    if (auto e = ParseTools(body, endpoint, out)) return e;
+    if (auto e = ParseTools(body, body_text, endpoint, out)) return e;
     const int64_t choices = int64_t{out->n} * std::max<int64_t>(1, out->prompts.size());
     if (choices > kMaxChoicesPerRequest) {
       return ApiError::BadRequest("n times the number of prompts may be at most " +

@@ -38,7 +38,8 @@ inline constexpr int kMaxChoicesPerRequest = 64;
 struct ToolDefinition {
   std::string name;
   std::string description;
-  std::string parameters_json;  // a JSON Schema (compiled at parse time: supported)
+  std::string parameters_json;  // a JSON Schema (compiled at parse time: supported), keys sorted
+  std::string parameters_ordered_json;  // the same in the request's key order (for templates)
 };
 
 // One prompt of a completions request: text, or token ids (non-empty then).

@@ -61,7 +61,7 @@ StatusOr<std::string> RenderChatPrompt(const model::ChatTemplate& chat_template,
       for (const ToolDefinition& t : tools) {
         nlohmann::ordered_json fn = {{"name", t.name}};
         if (!t.description.empty()) fn["description"] = t.description;
-        fn["parameters"] = nlohmann::ordered_json::parse(t.parameters_json, nullptr, false);
+        fn["parameters"] = nlohmann::ordered_json::parse(t.parameters_ordered_json, nullptr, false);
         list.push_back({{"type", "function"}, {"function", std::move(fn)}});
       }
       tools_json = list.dump();
