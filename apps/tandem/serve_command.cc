@@ -363,7 +363,8 @@ int RunServe(const ServeFlags& flags) {
     std::stringstream text;
     text << in.rdbuf();
     if (!in.good() && !in.eof()) {
-      std::fprintf(stderr, "error: --chat-template: cannot read %s\n", f.chat_template_file.c_str());
+      std::fprintf(stderr, "error: --chat-template: cannot read %s\n",
+                   f.chat_template_file.c_str());
       return 2;
     }
     if (auto parsed = model::ChatTemplate::Parse(text.str()); !parsed.ok()) {

@@ -41,7 +41,8 @@ json SamplingJson(const engine::SamplingParams& s) {
           {"logprobs", s.logprobs},
           {"prompt_logprobs", s.prompt_logprobs},
           {"json_schema", s.json_schema},
-          {"tool_mode", static_cast<int>(s.tool_mode)}};
+          {"tool_mode", static_cast<int>(s.tool_mode)},
+          {"max_tool_calls", s.max_tool_calls}};
 }
 
 engine::SamplingParams SamplingFrom(const json& j) {
@@ -64,6 +65,8 @@ engine::SamplingParams SamplingFrom(const json& j) {
   s.tool_mode = tool_mode == 2   ? engine::SamplingParams::ToolMode::kRequired
                 : tool_mode == 1 ? engine::SamplingParams::ToolMode::kAuto
                                  : engine::SamplingParams::ToolMode::kNone;
+  s.max_tool_calls =
+      std::clamp(j.value("max_tool_calls", 1), 1, engine::SamplingParams::kMaxToolCalls);
   return s;
 }
 

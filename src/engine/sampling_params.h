@@ -54,6 +54,10 @@ struct SamplingParams {
   // answer is a call inside the tool-call tags (kRequired) or either that or a message (kAuto).
   enum class ToolMode { kNone, kAuto, kRequired };
   ToolMode tool_mode = ToolMode::kNone;
+  // Tool mode: the most calls one answer may make, one after another (OpenAI's
+  // parallel_tool_calls); 1..kMaxToolCalls.
+  static constexpr int kMaxToolCalls = 8;
+  int max_tool_calls = 1;
 
   // InvalidArgument naming the bad field (negative temperature, top_p outside (0, 1], ...).
   // Token ids are checked against the vocabulary by ValidateTokens.

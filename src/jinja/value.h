@@ -21,31 +21,9 @@
 namespace tandem::jinja {
 
 class Value;
+class Dict;
+struct Callable;
 using List = std::vector<Value>;
-
-// Keys in insertion order (Python dicts keep it; tojson and iteration show it).
-class Dict {
- public:
-  const Value* Find(std::string_view key) const;
-  void Set(const std::string& key, Value v);
-  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
-  size_t size() const { return items_.size(); }
-  bool is_namespace = false;  // made by namespace(): its attributes may be assigned
-
- private:
-  std::vector<std::pair<std::string, Value>> items_;
-};
-
-// Arguments of a call: positional, then keyword in the order written.
-struct Args {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keyword;
-};
-
-struct Callable {
-  std::string name;  // for error messages
-  std::function<StatusOr<Value>(Args&)> call;
-};
 
 class Value {
  public:
@@ -106,6 +84,30 @@ class Value {
   explicit Value(Undefined u) : v_(std::move(u)) {}
   explicit Value(std::nullptr_t) : v_(nullptr) {}
   Storage v_;
+};
+
+// Keys in insertion order (Python dicts keep it; tojson and iteration show it).
+class Dict {
+ public:
+  const Value* Find(std::string_view key) const;
+  void Set(const std::string& key, Value v);
+  const std::vector<std::pair<std::string, Value>>& items() const { return items_; }
+  size_t size() const { return items_.size(); }
+  bool is_namespace = false;  // made by namespace(): its attributes may be assigned
+
+ private:
+  std::vector<std::pair<std::string, Value>> items_;
+};
+
+// Arguments of a call: positional, then keyword in the order written.
+struct Args {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+};
+
+struct Callable {
+  std::string name;  // for error messages
+  std::function<StatusOr<Value>(Args&)> call;
 };
 
 // Python's ==, and the ordering of <, for the types templates compare (numbers with numbers,

@@ -99,15 +99,15 @@ ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeo
   std::vector<Choice> choices;
   choices.reserve(runs_.size());
   for (ChoiceRun& run : runs_) {
-    std::optional<ToolCallOut> call = CallOf(run);
+    std::vector<ToolCallOut> calls = CallsOf(run);
     if (!run.prompt_logprobs.empty()) {
       run.logprobs.insert(run.logprobs.begin(),
                           std::make_move_iterator(run.prompt_logprobs.begin()),
                           std::make_move_iterator(run.prompt_logprobs.end()));
     }
     Choice c{run.index, std::move(run.text), serving::FinishReasonName(run.info.reason),
-             std::move(run.logprobs), std::move(call)};
-    if (c.tool_call) {
+             std::move(run.logprobs), std::move(calls)};
+    if (!c.tool_calls.empty()) {
       c.text.clear();
       c.finish_reason = "tool_calls";
     }
@@ -117,11 +117,15 @@ ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeo
   return out;
 }
 
-std::optional<ToolCallOut> ChoiceSet::CallOf(const ChoiceRun& run) const {
-  if (!ctx_.tools || run.info.reason != FinishReason::kStop) return std::nullopt;
-  auto call = structured::ParseToolCall(run.text);
-  if (!call) return std::nullopt;
-  return ToolCallOut{NewToolCallId(), call->name, call->arguments_json};
+std::vector<ToolCallOut> ChoiceSet::CallsOf(const ChoiceRun& run) const {
+  std::vector<ToolCallOut> out;
+  if (!ctx_.tools || run.info.reason != FinishReason::kStop) return out;
+  auto calls = structured::ParseToolCalls(run.text);
+  if (!calls) return out;
+  for (const structured::ParsedToolCall& c : *calls) {
+    out.push_back({NewToolCallId(), c.name, c.arguments_json});
+  }
+  return out;
 }
 
 bool ChoiceSet::SendToolModeText(ChoiceRun& run, RequestSink::Taken& t,
@@ -186,8 +190,12 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
     run.info = t.info;
     if (ctx_.tools && !run.message && Succeeded(run.info)) {
       // The held answer: a call, or (cut short, or not a call after all) content.
-      if (auto call = CallOf(run)) {
-        if (!send(SseEvent(ToolCallChunk(ctx_, *call, run.index)))) return false;
+      if (auto calls = CallsOf(run); !calls.empty()) {
+        for (size_t k = 0; k < calls.size(); ++k) {
+          if (!send(SseEvent(ToolCallChunk(ctx_, calls[k], run.index, static_cast<int>(k))))) {
+            return false;
+          }
+        }
         if (!send(SseEvent(FinishChunk(ctx_, "tool_calls", run.index)))) return false;
         continue;
       }

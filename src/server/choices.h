@@ -84,7 +84,7 @@ class ChoiceSet {
  private:
   Usage TotalUsage() const;
   // Tool mode: the call a finished answer makes, if it is one.
-  std::optional<ToolCallOut> CallOf(const ChoiceRun& run) const;
+  std::vector<ToolCallOut> CallsOf(const ChoiceRun& run) const;
   // Tool mode, streaming: sends text that can no longer be a call; keeps the rest in run.held.
   bool SendToolModeText(ChoiceRun& run, RequestSink::Taken& t,
                         const std::function<bool(const std::string&)>& send);

@@ -508,6 +508,9 @@ std::optional<ApiError> ParseTools(const json& body, std::string_view body_text,
   for (const auto& d : callable) specs.push_back({d.name, d.parameters_json});
   out->sampling.json_schema = structured::ToolCallSchema(specs);
   out->sampling.tool_mode = mode;
+  // Several calls in one answer unless the client says not, or names the one function to call.
+  const bool named = choice != nullptr && choice->is_object();
+  out->sampling.max_tool_calls = parallel && !named ? engine::SamplingParams::kMaxToolCalls : 1;
   out->tools = std::move(defs);
   return std::nullopt;
 }

@@ -166,10 +166,11 @@ std::string CompletionBody(const ResponseContext& ctx, std::span<const Choice> c
   j["choices"] = json::array();
   for (const Choice& c : choices) {
     json choice = {{"index", c.index}};
-    if (IsChat(ctx) && c.tool_call) {
-      choice["message"] = {{"role", "assistant"},
-                           {"content", nullptr},
-                           {"tool_calls", json::array({ToolCallJson(*c.tool_call)})}};
+    if (IsChat(ctx) && !c.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCallOut& call : c.tool_calls) calls.push_back(ToolCallJson(call));
+      choice["message"] = {
+          {"role", "assistant"}, {"content", nullptr}, {"tool_calls", std::move(calls)}};
     } else if (IsChat(ctx)) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
@@ -199,9 +200,10 @@ std::string TextChunk(const ResponseContext& ctx, const std::string& text, int i
   return Chunk(ctx, index, std::move(body), "", LogprobsJson(ctx, logprobs, text_offset));
 }
 
-std::string ToolCallChunk(const ResponseContext& ctx, const ToolCallOut& call, int index) {
+std::string ToolCallChunk(const ResponseContext& ctx, const ToolCallOut& call, int index,
+                          int call_index) {
   json entry = ToolCallJson(call);
-  entry["index"] = 0;
+  entry["index"] = call_index;
   return Chunk(ctx, index, json{{"tool_calls", json::array({std::move(entry)})}}, "");
 }
 

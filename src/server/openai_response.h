@@ -49,9 +49,9 @@ struct TokenLogprobs {
 struct Choice {
   int index = 0;
   std::string text;
-  std::string finish_reason;                  // "stop", "length"
-  std::vector<TokenLogprobs> logprobs;        // rendered when ResponseContext::logprobs
-  std::optional<ToolCallOut> tool_call = {};  // chat: the answer is this call (content null)
+  std::string finish_reason;                 // "stop", "length"
+  std::vector<TokenLogprobs> logprobs;       // rendered when ResponseContext::logprobs
+  std::vector<ToolCallOut> tool_calls = {};  // chat: the answer is these calls (content null)
 };
 
 struct Usage {
@@ -75,7 +75,8 @@ std::string TextChunk(const ResponseContext& ctx, const std::string& text, int i
                       std::span<const TokenLogprobs> logprobs = {}, int64_t text_offset = 0);
 // A chat chunk carrying choice `index`'s whole call: delta {"tool_calls": [{"index": 0, "id",
 // "type": "function", "function": {"name", "arguments"}}]}.
-std::string ToolCallChunk(const ResponseContext& ctx, const ToolCallOut& call, int index = 0);
+std::string ToolCallChunk(const ResponseContext& ctx, const ToolCallOut& call, int index = 0,
+                          int call_index = 0);
 // The last chunk of choice `index`: empty delta/text with the finish reason.
 std::string FinishChunk(const ResponseContext& ctx, const std::string& finish_reason,
                         int index = 0);

@@ -137,9 +137,9 @@ std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
 
 std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
     std::shared_ptr<const Schema> call_schema, bool required,
-    std::shared_ptr<const TokenTable> table) {
+    std::shared_ptr<const TokenTable> table, int max_calls) {
   return std::make_unique<ByteConstraint<ToolCallMatcher>>(
-      std::move(table), ToolCallMatcher(std::move(call_schema), required));
+      std::move(table), ToolCallMatcher(std::move(call_schema), required, max_calls));
 }
 
 StatusOr<std::unique_ptr<engine::TokenConstraint>> MakeConstraint(
@@ -151,7 +151,7 @@ StatusOr<std::unique_ptr<engine::TokenConstraint>> MakeConstraint(
   using ToolMode = engine::SamplingParams::ToolMode;
   if (sampling.tool_mode == ToolMode::kNone) return MakeJsonConstraint(std::move(schema), table());
   return MakeToolCallConstraint(std::move(schema), sampling.tool_mode == ToolMode::kRequired,
-                                table());
+                                table(), sampling.max_tool_calls);
 }
 
 }  // namespace tandem::structured

@@ -34,8 +34,12 @@ std::string ToolCallSchema(const std::vector<ToolSpec>& tools) {
   return schema.dump();
 }
 
-ToolCallMatcher::ToolCallMatcher(std::shared_ptr<const Schema> call_schema, bool required)
-    : required_(required), json_(std::move(call_schema)) {}
+ToolCallMatcher::ToolCallMatcher(std::shared_ptr<const Schema> call_schema, bool required,
+                                 int max_calls)
+    : required_(required),
+      max_calls_(max_calls),
+      schema_(call_schema),
+      json_(std::move(call_schema)) {}
 
 bool ToolCallMatcher::Whitespace() { return ++ws_ <= kMaxWhitespaceRun; }
 
@@ -58,7 +62,7 @@ bool ToolCallMatcher::Feed(unsigned char c) {
         if (++pos_ == kToolCallOpen.size()) phase_ = Phase::kJson;
         return true;
       }
-      if (required_) return false;
+      if (required_ || calls_ > 0) return false;
       phase_ = Phase::kFree;  // a message that begins like the tag
       return true;
     case Phase::kJson:
@@ -75,9 +79,17 @@ bool ToolCallMatcher::Feed(unsigned char c) {
       if (++pos_ == kToolCallClose.size()) {
         phase_ = Phase::kDone;
         ws_ = 0;
+        ++calls_;
       }
       return true;
-    case Phase::kDone: return IsSpace(c) && Whitespace();
+    case Phase::kDone:
+      if (IsSpace(c)) return Whitespace();
+      if (calls_ >= max_calls_ || c != static_cast<unsigned char>(kToolCallOpen[0])) return false;
+      phase_ = Phase::kOpen;  // the next call
+      pos_ = 1;
+      ws_ = 0;
+      json_ = JsonMatcher(schema_);
+      return true;
   }
   return false;
 }
@@ -91,6 +103,9 @@ bool ToolCallMatcher::FeedAll(std::string_view bytes) {
 
 bool ToolCallMatcher::WouldAccept(std::string_view bytes, ToolCallMatcher* scratch) const {
   scratch->required_ = required_;
+  scratch->max_calls_ = max_calls_;
+  scratch->calls_ = calls_;
+  scratch->schema_ = schema_;
   scratch->phase_ = phase_;
   scratch->pos_ = pos_;
   scratch->ws_ = ws_;
@@ -102,21 +117,33 @@ bool ToolCallMatcher::Complete() const {
   return phase_ == Phase::kFree || phase_ == Phase::kDone || (!required_ && phase_ == Phase::kLead);
 }
 
-std::optional<ParsedToolCall> ParseToolCall(std::string_view text) {
-  text = TrimLeft(text);
-  if (text.substr(0, kToolCallOpen.size()) != kToolCallOpen) return std::nullopt;
-  text.remove_prefix(kToolCallOpen.size());
-  const size_t close = text.rfind(kToolCallClose);
-  if (close == std::string_view::npos) return std::nullopt;
-  if (!TrimLeft(text.substr(close + kToolCallClose.size())).empty()) return std::nullopt;
-  const json call = json::parse(text.substr(0, close), nullptr, /*allow_exceptions=*/false);
-  if (call.is_discarded() || !call.is_object()) return std::nullopt;
-  auto name = call.find("name");
-  auto args = call.find("arguments");
-  if (name == call.end() || !name->is_string() || args == call.end() || !args->is_object()) {
-    return std::nullopt;
+std::optional<std::vector<ParsedToolCall>> ParseToolCalls(std::string_view text) {
+  std::vector<ParsedToolCall> calls;
+  for (text = TrimLeft(text); !text.empty(); text = TrimLeft(text)) {
+    if (text.substr(0, kToolCallOpen.size()) != kToolCallOpen) return std::nullopt;
+    text.remove_prefix(kToolCallOpen.size());
+    // The call's JSON ends at the first close tag after which the text is whitespace or
+    // another call (a close tag inside a JSON string does not end it, as the JSON won't parse).
+    std::optional<json> call;
+    size_t close = text.find(kToolCallClose);
+    for (; close != std::string_view::npos; close = text.find(kToolCallClose, close + 1)) {
+      json j = json::parse(text.substr(0, close), nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded()) {
+        call = std::move(j);
+        break;
+      }
+    }
+    if (!call || !call->is_object()) return std::nullopt;
+    auto name = call->find("name");
+    auto args = call->find("arguments");
+    if (name == call->end() || !name->is_string() || args == call->end() || !args->is_object()) {
+      return std::nullopt;
+    }
+    calls.push_back({name->get<std::string>(), args->dump()});
+    text.remove_prefix(close + kToolCallClose.size());
   }
-  return ParsedToolCall{name->get<std::string>(), args->dump()};
+  if (calls.empty()) return std::nullopt;
+  return calls;
 }
 
 bool MayBeToolCall(std::string_view text) {

@@ -32,20 +32,22 @@ struct ToolSpec {
 // an object of that tool's parameters}, name first (x-tandem-ordered / x-tandem-variants).
 std::string ToolCallSchema(const std::vector<ToolSpec>& tools);
 
-// What the answer may be: `required`: exactly one call; otherwise (OpenAI's "auto") either one
-// call or a message, decided by the answer's first non-space byte ('<' begins the call's tag; a
-// message that begins with '<' but not with the tag stays a message).
+// What the answer may be: `required`: calls only; otherwise (OpenAI's "auto") either calls or a
+// message, decided by the answer's first non-space byte ('<' begins the call's tag; a message
+// that begins with '<' but not with the tag stays a message). Calls: 1 to max_calls, each in
+// its tags, separated by whitespace only (once one call is made, only another may follow).
 class ToolCallMatcher {
  public:
-  ToolCallMatcher(std::shared_ptr<const Schema> call_schema, bool required);
+  ToolCallMatcher(std::shared_ptr<const Schema> call_schema, bool required, int max_calls = 1);
 
   bool Feed(unsigned char c);
   bool FeedAll(std::string_view bytes);
   bool WouldAccept(std::string_view bytes, ToolCallMatcher* scratch) const;
   // The answer may end here (a whole call, or a message).
   bool Complete() const;
-  // A whole call: nothing but whitespace may follow.
+  // A whole call (the calls so far are whole).
   bool Closed() const { return phase_ == Phase::kDone; }
+  int calls() const { return calls_; }
   // A message: any byte may follow.
   bool Free() const { return phase_ == Phase::kFree; }
 
@@ -54,6 +56,9 @@ class ToolCallMatcher {
   bool Whitespace();  // one more whitespace byte outside the call's JSON: within the limit?
 
   bool required_;
+  int max_calls_;
+  int calls_ = 0;                         // whole calls so far
+  std::shared_ptr<const Schema> schema_;  // of one call: each call's matcher starts from it
   Phase phase_ = Phase::kLead;
   size_t pos_ = 0;  // bytes of the open or close tag matched
   int ws_ = 0;      // whitespace bytes in the current run outside the JSON
@@ -65,9 +70,10 @@ struct ParsedToolCall {
   std::string arguments_json;  // compact JSON text of the arguments object
 };
 
-// A finished answer that is one whole call (tags, JSON with a string "name" and an object
-// "arguments", only whitespace around): the call; otherwise nullopt (a message).
-std::optional<ParsedToolCall> ParseToolCall(std::string_view text);
+// A finished answer that is whole calls (each in its tags, JSON with a string "name" and an
+// object "arguments", only whitespace around and between): the calls in order; otherwise
+// nullopt (a message).
+std::optional<std::vector<ParsedToolCall>> ParseToolCalls(std::string_view text);
 
 // Whether an answer beginning with `text` may still turn out to be a call (its first
 // non-whitespace bytes are a prefix of the open tag, or begin with it): a stream holds it back.
