@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config git python3 python3-pip
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-  libfmt-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev curl etcd-server etcd-client
+  libfmt-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev libboost1.74-dev curl etcd-server etcd-client
   libucx-dev libssl-dev iperf3 iproute2 procps clang libclang-rt-dev clang-format chromium
   chromium-driver)
 missing=()
