@@ -23,6 +23,7 @@
 #include "conductor/conductor.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
+#include "http_door/door.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
@@ -114,9 +115,10 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
       ->check(CLI::Range(0.1, 1e6))
       ->capture_default_str();
   cmd->add_option("--http-threads", f.http_threads,
-                  "Connections served at once "
-                  "(default: max-num-seqs + max-waiting + 16)")
-      ->check(CLI::Range(1, 100000));
+                  "Threads that validate, tokenize and submit requests (connections and "
+                  "streams need none)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   // Scheduling of the disaggregated mode (ignored by --mode colocated).
   cmd->add_option("--placement-policy", f.placement_policy,
                   "random, load-balance, cache-aware, or cache-load (minimum predicted TTFT)")
@@ -215,13 +217,15 @@ int ServeHttp(const ServeFlags& f, server::ServerOptions opts, server::ModelInfo
               serving::GenerationBackend* backend, const sigset_t& signals,
               const std::string& description, const std::function<void()>& before_exit) {
   auto log = GetLogger("serve");
+  http_door::RaiseOpenFileLimit();  // every client connection holds a descriptor
   server::HttpServer http(opts, model, backend);
   if (const Status st = http.Bind(); !st.ok()) {
     std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
     return 1;
   }
-  log->info("serving '{}' on http://{}:{}; {}{}", opts.served_model_name, f.host, http.port(),
-            description, opts.api_key.empty() ? "" : " (API key required)");
+  log->info("serving '{}' on http://{}:{}; {}{}; up to {} connections", opts.served_model_name,
+            f.host, http.port(), description, opts.api_key.empty() ? "" : " (API key required)",
+            http.max_connections());
   std::atomic<bool> server_exited{false};
   std::thread server_thread([&] {
     if (!http.Run()) log->error("the HTTP server stopped unexpectedly");
@@ -452,8 +456,7 @@ int RunServe(const ServeFlags& flags) {
   }
   opts.max_model_len = max_model_len;
   opts.request_timeout_s = f.request_timeout_s;
-  opts.http_threads =
-      f.http_threads > 0 ? f.http_threads : f.knobs.max_num_seqs + f.knobs.max_waiting + 16;
+  opts.http_threads = f.http_threads;
   const double kv_mib = KvMiB(kv_tokens, config, f);
 
   {

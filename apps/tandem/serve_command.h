@@ -29,7 +29,7 @@ struct ServeFlags {
   std::vector<std::string> served_model_names;
   std::string chat_template_file;  // a Jinja chat template replacing the model file's
   double request_timeout_s = 600;
-  int http_threads = 0;  // 0: max_num_seqs + max_waiting + 16
+  int http_threads = 8;  // handler threads of the front door
   // Scheduling and transfer settings, the colocated engine's and each worker's (passed on).
   WorkerKnobs knobs;
   // Disaggregated mode (the default): a conductor in this process, workers as child processes.

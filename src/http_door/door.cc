@@ -41,6 +41,9 @@ size_t DefaultMaxConnections() {
   return fds > 2 * kReservedDescriptors ? fds - kReservedDescriptors : fds / 2;
 }
 
+// How long a connection closed after its answer keeps reading what the client still sends.
+constexpr auto kLingerTime = std::chrono::seconds(2);
+
 // Pieces of a stream waiting on the event loop are sent as one chunk of at most this size.
 constexpr size_t kMaxChunkBytes = 256 << 10;
 
@@ -112,6 +115,7 @@ struct Answer {
   bool keep_alive = true;
   unsigned version = 11;
   bool streaming = false;
+  bool head_sent = false;      // a stream's head is written: chunks may follow
   bool writing = false;        // a write is in flight
   bool end_requested = false;  // End() came: the last chunk follows the queue
   bool finished = false;       // fully written, or abandoned
@@ -150,6 +154,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Flush(const std::shared_ptr<Answer>& a);
   void Finish(const std::shared_ptr<Answer>& a);  // written: next request or close
   void Gone(const std::shared_ptr<Answer>& a, beast::error_code ec);
+  void Linger();  // drops what the client still sends until it closes or the linger time ends
   void Close();
 
   template <class Body>
@@ -402,6 +407,7 @@ void Session::SendHead(const std::shared_ptr<Answer>& a, Response r) {
           self->Gone(a, ec);
           return;
         }
+        a->head_sent = true;
         self->Flush(a);
       });
 }
@@ -427,7 +433,7 @@ void Session::Abandon(const std::shared_ptr<Answer>& a) {
 }
 
 void Session::Flush(const std::shared_ptr<Answer>& a) {
-  if (a->writing || a->gone.load() || a->finished) return;
+  if (!a->head_sent || a->writing || a->gone.load() || a->finished) return;
   if (a->queue.empty()) {
     if (!a->end_requested) return;
     a->writing = true;
@@ -473,8 +479,24 @@ void Session::Finish(const std::shared_ptr<Answer>& a) {
   } else {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-    Close();
+    // Closing with unread bytes would reset the connection and could destroy the answer
+    // before the client read it (a 413 while it still sends its body): read and drop what
+    // still comes, for a short while.
+    stream_.expires_after(kLingerTime);
+    Linger();
   }
+}
+
+void Session::Linger() {
+  buffer_.clear();
+  stream_.async_read_some(buffer_.prepare(16 << 10),
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                            if (ec) {
+                              self->Close();
+                              return;
+                            }
+                            self->Linger();
+                          });
 }
 
 void Session::Gone(const std::shared_ptr<Answer>& a, beast::error_code ec) {
@@ -556,6 +578,17 @@ void HttpDoor::Impl::Stop() {
   ioc_.stop();
 }
 
+size_t RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return static_cast<size_t>(limit.rlim_cur);
+}
+
 HttpDoor::HttpDoor(DoorOptions options, Handler handler)
     : impl_(std::make_unique<Impl>(std::move(options), std::move(handler))) {}
 
@@ -567,6 +600,7 @@ HttpDoor::~HttpDoor() {
 
 Status HttpDoor::Bind() { return impl_->Bind(); }
 int HttpDoor::port() const { return impl_->port_; }
+size_t HttpDoor::max_connections() const { return impl_->max_connections_; }
 void HttpDoor::Run() { impl_->Run(); }
 void HttpDoor::Stop() { impl_->Stop(); }
 

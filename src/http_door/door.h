@@ -62,8 +62,9 @@ class Exchange {
   virtual void Respond(Response response) = 0;
   // Sends the status line and headers of a chunked answer.
   virtual void BeginStream(Response head) = 0;
-  // Queues one piece of a stream. Returns false once the client is gone (a write failed or
-  // timed out, or the connection closed): nothing more will be sent.
+  // Queues one piece of a stream (pieces queued before BeginStream wait for its head). Returns
+  // false once the client is gone (a write failed or timed out, or the connection closed):
+  // nothing more will be sent.
   virtual bool Write(std::string data) = 0;
   virtual void End() = 0;  // the last chunk; the connection may then serve its next request
   virtual bool gone() const = 0;
@@ -111,6 +112,11 @@ struct DoorStats {
   int64_t requests = 0;             // handed to the handler
 };
 
+// Raises the process's soft limit of open files to its hard limit, so that a server can hold as
+// many connections as the system lets it (call once at start, before the door is made).
+// Returns the soft limit now in force.
+size_t RaiseOpenFileLimit();
+
 class HttpDoor {
  public:
   HttpDoor(DoorOptions options, Handler handler);
@@ -128,6 +134,7 @@ class HttpDoor {
   // Closes the listener and every connection; Run() returns. Idempotent, any thread.
   void Stop();
   DoorStats Stats() const;
+  size_t max_connections() const;
 
   class Impl;  // opaque (door.cc)
 

@@ -150,6 +150,19 @@ TEST_F(DoorTest, StreamsChunksWrittenFromAnotherThread) {
   for (std::thread& t : writers) t.join();
 }
 
+TEST_F(DoorTest, PiecesWrittenBeforeTheHeadFollowIt) {
+  Start({}, [](Request, std::shared_ptr<Exchange> ex) {
+    ex->Write("one ");
+    ex->Write("two");
+    ex->BeginStream({200, "text/plain", "", {}});
+    ex->End();
+  });
+  auto res = Client().Get("/");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "one two");
+}
+
 TEST_F(DoorTest, SilentConnectionsDoNotHoldBackAFreshRequest) {
   DoorOptions o;
   o.handler_threads = 2;

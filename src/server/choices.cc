@@ -70,31 +70,34 @@ Usage ChoiceSet::TotalUsage() const {
   return u;
 }
 
-ChoiceSet::Whole ChoiceSet::CollectWhole(Clock::time_point give_up, double timeout_s) {
+std::optional<ChoiceSet::Whole> ChoiceSet::TryCollectWhole(Clock::time_point give_up,
+                                                           double timeout_s) {
+  if (!collecting_) {
+    collecting_ = true;
+    for (ChoiceRun& run : runs_) run.text = run.echo;
+  }
   Whole out;
   for (ChoiceRun& run : runs_) {
-    run.text = run.echo;
-    while (!run.done) {
-      RequestSink::Taken t = run.sink->Wait(
-          std::min<Clock::duration>(give_up - Clock::now(), std::chrono::seconds(1)));
-      run.text += t.text;
-      if (t.prompt_logprobs) run.prompt_logprobs = std::move(*t.prompt_logprobs);
-      for (auto& lp : t.logprobs) run.logprobs.push_back(std::move(lp));
-      if (t.finished) {
-        run.done = true;
-        run.info = t.info;
-        if (!Succeeded(run.info)) {
-          out.error = FailureError(run.info, timeout_s);
-          return out;
-        }
-      } else if (Clock::now() >= give_up) {
-        // The backend should have timed the request out itself; stop waiting for it.
-        serving::FinishInfo info;
-        info.reason = FinishReason::kTimeout;
-        out.error = FailureError(info, timeout_s);
-        return out;
-      }
+    if (run.done) continue;
+    RequestSink::Taken t = run.sink->Wait(Clock::duration::zero());
+    run.text += t.text;
+    if (t.prompt_logprobs) run.prompt_logprobs = std::move(*t.prompt_logprobs);
+    for (auto& lp : t.logprobs) run.logprobs.push_back(std::move(lp));
+    if (!t.finished) continue;
+    run.done = true;
+    run.info = t.info;
+    if (!Succeeded(run.info)) {
+      out.error = FailureError(run.info, timeout_s);
+      return out;
     }
+  }
+  if (!std::all_of(runs_.begin(), runs_.end(), [](const ChoiceRun& r) { return r.done; })) {
+    if (Clock::now() < give_up) return std::nullopt;
+    // The backend should have timed the request out itself; stop waiting for it.
+    serving::FinishInfo info;
+    info.reason = FinishReason::kTimeout;
+    out.error = FailureError(info, timeout_s);
+    return out;
   }
   std::vector<Choice> choices;
   choices.reserve(runs_.size());
@@ -152,8 +155,8 @@ bool ChoiceSet::SendNews(ChoiceRun& run, RequestSink::Taken& t,
   return true;
 }
 
-bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
-                           std::chrono::milliseconds poll, double timeout_s, bool* finished) {
+bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send, double timeout_s,
+                           Clock::time_point give_up, bool* finished) {
   *finished = false;
   for (ChoiceRun& run : runs_) {
     if (run.started) continue;
@@ -169,14 +172,9 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
       run.text_offset = static_cast<int64_t>(run.echo.size());
     }
   }
-  const uint64_t seen = doorbell_ ? doorbell_->rings() : 0;
-  bool news = false;
   for (ChoiceRun& run : runs_) {
     if (run.done) continue;
-    // One choice: block on its sink; several: look at each, then wait on the doorbell.
-    RequestSink::Taken t =
-        run.sink->Wait(runs_.size() == 1 ? Clock::duration(poll) : Clock::duration::zero());
-    news = news || !t.text.empty() || !t.logprobs.empty() || t.finished || t.prompt_logprobs;
+    RequestSink::Taken t = run.sink->Wait(Clock::duration::zero());
     if (run.echo_waits && (t.prompt_logprobs || t.finished)) {
       run.echo_waits = false;
       const std::vector<TokenLogprobs> none;
@@ -221,7 +219,15 @@ bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send,
     *finished = true;
     return true;
   }
-  if (!news && doorbell_) doorbell_->WaitPast(seen, poll);
+  if (Clock::now() >= give_up) {
+    // The backend should have timed the request out itself; stop waiting for it.
+    CancelAll();
+    serving::FinishInfo info;
+    info.reason = FinishReason::kTimeout;
+    if (!send(SseEvent(ApiErrorJson(FailureError(info, timeout_s))))) return false;
+    if (!send(kSseDone)) return false;
+    *finished = true;
+  }
   return true;
 }
 

@@ -7,8 +7,11 @@
 // prefix cache (or, disaggregated, in the worker's cache and the KV pool), so they compute only
 // the prompt's last partial block. Choice i draws with seed + i.
 //
+// Nothing here blocks on output: the sinks ring the set's doorbell, and its owner (the
+// response pump of server/response_pump.h) then takes what is new.
+//
 // Thread-safety: one ChoiceSet per request, used by one thread at a time (the handler, then the
-// streaming provider); the sinks inside are fed by the backend's threads.
+// pump); the sinks inside are fed by the backend's threads.
 #pragma once
 
 #include <chrono>
@@ -50,8 +53,8 @@ class ChoiceSet {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // runs: in index order, each with its request and sink (sharing `doorbell` when there are
-  // several); n: choices per prompt.
+  // runs: in index order, each with its request and sink (all ringing `doorbell`, not null);
+  // n: choices per prompt.
   ChoiceSet(ResponseContext ctx, std::vector<ChoiceRun> runs, int n,
             std::shared_ptr<Doorbell> doorbell);
   // Cancels whatever is still running (the client went away).
@@ -62,19 +65,23 @@ class ChoiceSet {
   // refusal is returned.
   Status Submit(serving::GenerationBackend* backend, Clock::time_point deadline);
 
-  // Non-streaming: waits for every choice (until give_up) and returns the whole body, or the
-  // error of the first choice that failed. timeout_s names the request timeout in errors.
+  // Non-streaming: takes what is new; once every choice finished, the whole body, or the error
+  // of the first choice that failed (nullopt before). At `give_up` (past the request's
+  // deadline: the backend should have ended it) a timeout error. timeout_s names the request
+  // timeout in errors.
   struct Whole {
     std::string body;  // when no error
     std::optional<ApiError> error;
   };
-  Whole CollectWhole(Clock::time_point give_up, double timeout_s);
+  std::optional<Whole> TryCollectWhole(Clock::time_point give_up, double timeout_s);
 
-  // Streaming: sends what is new as SSE events through `send` (false: the client is gone),
-  // waiting up to `poll` for news. Returns false when sending failed; sets *finished once the
-  // last event ([DONE]) went out.
-  bool StreamStep(const std::function<bool(const std::string&)>& send,
-                  std::chrono::milliseconds poll, double timeout_s, bool* finished);
+  // Streaming: sends what is new as SSE events through `send` (false: the client is gone).
+  // Returns false when sending failed; sets *finished once the last event ([DONE]) went out.
+  // At `give_up` an unfinished response ends with a timeout error event.
+  bool StreamStep(const std::function<bool(const std::string&)>& send, double timeout_s,
+                  Clock::time_point give_up, bool* finished);
+
+  std::shared_ptr<Doorbell> doorbell() const { return doorbell_; }
 
   // Marks every sink's client gone (the next token cancels its request).
   void CancelAll();
@@ -94,8 +101,9 @@ class ChoiceSet {
   ResponseContext ctx_;
   std::vector<ChoiceRun> runs_;
   int n_;
-  std::shared_ptr<Doorbell> doorbell_;  // null with one choice
+  std::shared_ptr<Doorbell> doorbell_;
   std::vector<bool> submitted_;
+  bool collecting_ = false;  // TryCollectWhole began (texts start with their echo)
 };
 
 }  // namespace tandem::server

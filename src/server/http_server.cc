@@ -1,21 +1,21 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
 #include <signal.h>
 
 #include <atomic>
 #include <ctime>
 #include <thread>
 
-#include "common/http.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "http_door/door.h"
 #include "server/choices.h"
 #include "server/dashboard.h"
 #include "server/http_util.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/request_sink.h"
+#include "server/response_pump.h"
 #include "server/tokenize.h"
 
 namespace tandem::server {
@@ -25,14 +25,26 @@ using Clock = std::chrono::steady_clock;
 using serving::FinishReason;
 
 constexpr const char* kJson = "application/json";
-// How long a streaming writer waits for output before checking on the connection again.
-constexpr auto kStreamPoll = std::chrono::milliseconds(200);
-// Extra time a non-streaming handler waits past the request deadline for the backend to report.
+// Extra time a response waits past the request deadline for the backend to report.
 constexpr auto kDeadlineGrace = std::chrono::seconds(5);
 
-void SendError(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(ApiErrorJson(e), kJson);
+using http_door::Exchange;
+using http_door::Request;
+using http_door::Response;
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+Response ErrorResponse(const ApiError& e, Headers headers = {}) {
+  return Response{e.status, kJson, ApiErrorJson(e), std::move(headers)};
+}
+
+Response JsonResponse(std::string body, Headers headers = {}) {
+  return Response{200, kJson, std::move(body), std::move(headers)};
+}
+
+bool KnownPath(const std::string& path) {
+  return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/models" ||
+         path == "/health" || path == "/metrics" || path == "/tokenize" || path == "/detokenize" ||
+         path == "/dashboard" || path == "/dashboard/data";
 }
 
 }  // namespace
@@ -49,7 +61,25 @@ class HttpServer::Impl {
     limits_.served_model_name = options_.served_model_name;
     limits_.aliases = options_.model_aliases;
     limits_.max_model_len = options_.max_model_len;
-    SetUpRoutes();
+    http_door::DoorOptions door;
+    door.host = options_.host;
+    door.port = options_.port;
+    door.handler_threads = std::max(options_.http_threads, 2);
+    door.max_body_bytes = options_.max_body_bytes;
+    door.max_header_bytes = options_.max_header_bytes;
+    door.max_connections = options_.max_connections;
+    door.request_timeout_s = 30;
+    door.write_timeout_s = 30;
+    // Longer than common clients' idle expiry (httpx: 5 s), so that a client never reuses a
+    // connection the server is closing at that moment.
+    door.idle_timeout_s = 10;
+    door.error_response = [metrics = metrics_](int status, const std::string& reason) {
+      metrics->CountOutcome(Outcome::kBadRequest);
+      return ErrorResponse({status, reason, "invalid_request_error", "", ""});
+    };
+    door_ = std::make_unique<http_door::HttpDoor>(
+        std::move(door),
+        [this](Request req, std::shared_ptr<Exchange> ex) { Handle(req, std::move(ex)); });
   }
 
   ~Impl() {
@@ -60,29 +90,19 @@ class HttpServer::Impl {
   Status Bind() {
     // A client that goes away mid-write must not kill the process.
     ::signal(SIGPIPE, SIG_IGN);
-    HttpServerSettings settings;
-    settings.threads = std::max(options_.http_threads, 4);
-    settings.read_timeout_s = 30;
-    settings.write_timeout_s = 30;
-    // Longer than common clients' idle expiry (httpx: 5 s), so that a client never reuses a
-    // connection the server is closing at that moment.
-    settings.keep_alive_timeout_s = 10;
-    settings.keep_alive_max_count = 1000;
-    TANDEM_ASSIGN_OR_RETURN(
-        port_, BindHttpServer(http_, options_.host, options_.port, settings, "the HTTP server"));
-    return OkStatus();
+    return door_->Bind();
   }
 
   bool Run() {
     if (options_.status_interval_s > 0) status_thread_ = std::thread([this] { StatusLoop(); });
-    const bool ok = http_.listen_after_bind();
+    door_->Run();
     SignalStatusStop();
     if (status_thread_.joinable()) status_thread_.join();
-    return ok;
+    return true;
   }
 
   void Stop() {
-    http_.stop();
+    door_->Stop();
     SignalStatusStop();
   }
 
@@ -97,7 +117,8 @@ class HttpServer::Impl {
     });
   }
 
-  int port() const { return port_; }
+  int port() const { return door_->port(); }
+  size_t max_connections() const { return door_->max_connections(); }
   const ServerMetrics& metrics() const { return *metrics_; }
 
  private:
@@ -117,12 +138,11 @@ class HttpServer::Impl {
     Impl* impl_;
   };
 
-  void SetUpRoutes();
-  void HandleGenerate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void RespondWhole(ChoiceSet& choices, Clock::time_point deadline, httplib::Response& res);
-  void RespondStream(std::shared_ptr<ChoiceSet> choices, std::shared_ptr<Inflight> inflight,
-                     httplib::Response& res);
-  httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
+  void Handle(const Request& req, std::shared_ptr<Exchange> ex);
+  void HandleGenerate(Endpoint endpoint, const Request& req, std::shared_ptr<Exchange> ex,
+                      Headers cors);
+  // The CORS grant of an allowed origin (errors carry it too, so browsers can read them).
+  Headers CorsHeaders(const Request& req) const;
   bool OriginAllowed(const std::string& origin) const;  // by options_.allowed_origins
   void StatusLoop() TANDEM_EXCLUDES(status_mu_);
   void SignalStatusStop() TANDEM_EXCLUDES(status_mu_);
@@ -136,8 +156,7 @@ class HttpServer::Impl {
   std::shared_ptr<ServerMetrics> metrics_;
   const int64_t created_;
   ProtocolLimits limits_;
-  httplib::Server http_;
-  int port_ = 0;
+  std::unique_ptr<http_door::HttpDoor> door_;
   std::atomic<bool> draining_{false};  // lock-free
 
   Mutex inflight_mu_;
@@ -150,156 +169,103 @@ class HttpServer::Impl {
   std::thread status_thread_;
 };
 
-void HttpServer::Impl::SetUpRoutes() {
-  http_.set_payload_max_length(options_.max_body_bytes);
-
-  http_.set_pre_routing_handler(
-      [this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
-
-  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGenerate(Endpoint::kChatCompletions, req, res);
-  });
-  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGenerate(Endpoint::kCompletions, req, res);
-  });
-  // vLLM's tokenizer endpoints (server/tokenize.h).
-  auto tokenizer_route = [this](bool tokenize) {
-    return [this, tokenize](const httplib::Request& req, httplib::Response& res) {
-      std::string body;
-      const std::optional<ApiError> e =
-          tokenize ? Tokenize(req.body, limits_, *model_.tokenizer, model_.chat_template,
-                              model_.chat_template_error, &body)
-                   : Detokenize(req.body, limits_, *model_.tokenizer, &body);
-      if (e) {
-        metrics_->CountOutcome(Outcome::kBadRequest);
-        SendError(res, *e);
-      } else {
-        res.set_content(body, kJson);
-      }
-    };
-  };
-  http_.Post("/tokenize", tokenizer_route(true));
-  http_.Post("/detokenize", tokenizer_route(false));
-  http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    std::vector<std::string> names = {options_.served_model_name};
-    names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
-    res.set_content(ModelsBody(names, created_), kJson);
-  });
-  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (draining_.load()) {
-      res.status = 503;
-      res.set_content(R"({"status":"draining"})", kJson);
-    } else {
-      res.set_content(R"({"status":"ok"})", kJson);
-    }
-  });
-  http_.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(DashboardPage(), "text/html; charset=utf-8");
-  });
-  http_.Get("/dashboard/data", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_header("Cache-Control", "no-store");
-    res.set_content(DashboardJson(metrics_->Get(), backend_->Stats(), options_.served_model_name),
-                    kJson);
-  });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_->Render(backend_->Stats()),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
-
-  // Errors httplib raises itself (unknown route, body too large, unreadable request) get an
-  // OpenAI-shaped body; responses our handlers already filled are left alone.
-  http_.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        ApiError e;
-        e.status = res.status;
-        const bool known = req.path == "/v1/chat/completions" || req.path == "/v1/completions" ||
-                           req.path == "/v1/models" || req.path == "/health" ||
-                           req.path == "/metrics" || req.path == "/tokenize" ||
-                           req.path == "/detokenize" || req.path == "/dashboard" ||
-                           req.path == "/dashboard/data";
-        if (res.status == 404 && known) {
-          e.status = 405;
-          e.message = "method " + req.method + " is not allowed for " + req.path;
-        } else if (res.status == 404) {
-          e.message = "no route for " + req.method + " " + req.path;
-          e.code = "not_found";
-        } else if (res.status == 400) {
-          // Our handlers fill their 400s; an empty one is httplib's: it could not read the
-          // request line or headers (malformed, or a line beyond CPPHTTPLIB_HEADER_MAX_LENGTH,
-          // 8 KiB in Debian's build).
-          e.message =
-              "the request could not be read: a malformed request line or headers, or a "
-              "header line longer than 8192 bytes";
-        } else if (res.status == 413) {
-          e.message = "the request body is larger than the limit of " +
-                      std::to_string(options_.max_body_bytes) + " bytes";
-        } else {
-          e.message = "the request could not be handled (HTTP " + std::to_string(res.status) + ")";
-        }
-        if (e.status == 413 || e.status == 400) metrics_->CountOutcome(Outcome::kBadRequest);
-        SendError(res, e);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http_.set_exception_handler(
-      [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& ex) {
-          what = ex.what();
-        } catch (...) {
-        }
-        log_->error("unhandled exception in a handler: {}", what);
-        SendError(res, {500, "internal error: " + what, "server_error", "", ""});
-      });
+Headers HttpServer::Impl::CorsHeaders(const Request& req) const {
+  const std::string origin = req.Header("Origin");
+  if (origin.empty() || !OriginAllowed(origin)) return {};
+  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
 }
 
-httplib::Server::HandlerResponse HttpServer::Impl::PreRoute(const httplib::Request& req,
-                                                            httplib::Response& res) {
-  // CORS: an allowed origin's requests carry its grant whatever the answer (errors too, so a
-  // browser client can read them); a preflight is answered here, before the API key check,
-  // since browsers never send credentials with one.
-  const std::string origin = req.get_header_value("Origin");
-  const bool origin_allowed = !origin.empty() && OriginAllowed(origin);
-  if (origin_allowed) {
-    res.set_header("Access-Control-Allow-Origin", origin);
-    res.set_header("Vary", "Origin");
-  }
+void HttpServer::Impl::Handle(const Request& req, std::shared_ptr<Exchange> ex) {
+  Headers cors = CorsHeaders(req);
+  auto answer = [&](Response res) {
+    for (const auto& [name, value] : cors) res.SetHeader(name, value);
+    ex->Respond(std::move(res));
+  };
+  auto fail = [&](const ApiError& e, Outcome outcome) {
+    metrics_->CountOutcome(outcome);
+    answer(ErrorResponse(e));
+  };
+  // A preflight is answered before the API key check: browsers never send credentials with one.
   if (req.method == "OPTIONS") {
-    res.status = 204;
-    res.set_header("Allow", "GET, POST, OPTIONS");
-    if (origin_allowed) {
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
-      res.set_header("Access-Control-Allow-Headers",
-                     asked.empty() ? "Authorization, Content-Type" : asked);
-      res.set_header("Access-Control-Max-Age", "86400");
+    Response res{204, "", "", {{"Allow", "GET, POST, OPTIONS"}}};
+    if (!cors.empty()) {
+      const std::string asked = req.Header("Access-Control-Request-Headers");
+      res.SetHeader("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.SetHeader("Access-Control-Allow-Headers",
+                    asked.empty() ? "Authorization, Content-Type" : asked);
+      res.SetHeader("Access-Control-Max-Age", "86400");
     }
-    return httplib::Server::HandlerResponse::Handled;
+    answer(std::move(res));
+    return;
   }
   const bool protected_path =
       req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
-  if (!protected_path) return httplib::Server::HandlerResponse::Unhandled;
-  if (!options_.api_key.empty()) {
-    const std::string auth = req.get_header_value("Authorization");
+  if (protected_path && !options_.api_key.empty()) {
+    const std::string auth = req.Header("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.rfind(prefix, 0) != 0 ||
         !ConstantTimeEquals(auth.substr(prefix.size()), options_.api_key)) {
-      metrics_->CountOutcome(Outcome::kBadRequest);
-      SendError(res, {401,
-                      auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
-                                   : "incorrect API key provided",
-                      "invalid_request_error", "", "invalid_api_key"});
-      return httplib::Server::HandlerResponse::Handled;
+      fail({401,
+            auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
+                         : "incorrect API key provided",
+            "invalid_request_error", "", "invalid_api_key"},
+           Outcome::kBadRequest);
+      return;
     }
   }
-  if (draining_.load() && req.method == "POST") {
-    metrics_->CountOutcome(Outcome::kRejected);
-    SendError(res, {503, "the server is shutting down", "server_error", "", ""});
-    return httplib::Server::HandlerResponse::Handled;
+  if (protected_path && draining_.load() && req.method == "POST") {
+    fail({503, "the server is shutting down", "server_error", "", ""}, Outcome::kRejected);
+    return;
   }
-  return httplib::Server::HandlerResponse::Unhandled;
+
+  const bool post = req.method == "POST";
+  const bool get = req.method == "GET";
+  if (post && req.path == "/v1/chat/completions") {
+    HandleGenerate(Endpoint::kChatCompletions, req, std::move(ex), std::move(cors));
+  } else if (post && req.path == "/v1/completions") {
+    HandleGenerate(Endpoint::kCompletions, req, std::move(ex), std::move(cors));
+  } else if (post && (req.path == "/tokenize" || req.path == "/detokenize")) {
+    // vLLM's tokenizer endpoints (server/tokenize.h).
+    std::string body;
+    const std::optional<ApiError> e =
+        req.path == "/tokenize" ? Tokenize(req.body, limits_, *model_.tokenizer,
+                                           model_.chat_template, model_.chat_template_error, &body)
+                                : Detokenize(req.body, limits_, *model_.tokenizer, &body);
+    if (e) {
+      fail(*e, Outcome::kBadRequest);
+    } else {
+      answer(JsonResponse(std::move(body)));
+    }
+  } else if (get && req.path == "/v1/models") {
+    std::vector<std::string> names = {options_.served_model_name};
+    names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
+    answer(JsonResponse(ModelsBody(names, created_)));
+  } else if (get && req.path == "/health") {
+    answer(draining_.load() ? Response{503, kJson, R"({"status":"draining"})", {}}
+                            : JsonResponse(R"({"status":"ok"})"));
+  } else if (get && req.path == "/dashboard") {
+    answer(Response{200, "text/html; charset=utf-8", DashboardPage(), {}});
+  } else if (get && req.path == "/dashboard/data") {
+    answer(
+        JsonResponse(DashboardJson(metrics_->Get(), backend_->Stats(), options_.served_model_name),
+                     {{"Cache-Control", "no-store"}}));
+  } else if (get && req.path == "/metrics") {
+    answer(Response{200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    metrics_->Render(backend_->Stats(), door_->Stats()),
+                    {}});
+  } else if (KnownPath(req.path)) {
+    answer(ErrorResponse(
+        {405, "method " + req.method + " is not allowed for " + req.path, "invalid_request_error",
+         "", ""},
+        {{"Allow", req.path.rfind("/v1/models", 0) == 0 || req.path == "/health" ||
+                           req.path == "/metrics" || req.path.rfind("/dashboard", 0) == 0
+                       ? "GET, OPTIONS"
+                       : "POST, OPTIONS"}}));
+  } else {
+    answer(ErrorResponse({404, "no route for " + req.method + " " + req.path,
+                          "invalid_request_error", "", "not_found"}));
+  }
 }
 
 bool HttpServer::Impl::OriginAllowed(const std::string& origin) const {
@@ -309,8 +275,13 @@ bool HttpServer::Impl::OriginAllowed(const std::string& origin) const {
   return false;
 }
 
-void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
-                                      httplib::Response& res) {
+void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const Request& req,
+                                      std::shared_ptr<Exchange> ex, Headers cors) {
+  auto fail = [&](const ApiError& e, Outcome outcome, Headers extra = {}) {
+    metrics_->CountOutcome(outcome);
+    for (const auto& h : cors) extra.push_back(h);
+    ex->Respond(ErrorResponse(e, std::move(extra)));
+  };
   auto inflight = std::make_shared<Inflight>(this);
   const Clock::time_point arrival = Clock::now();
   ParsedRequest parsed;
@@ -329,9 +300,8 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
     }
   }
   if (error) {
-    metrics_->CountOutcome(Outcome::kBadRequest);
     log_->debug("rejected request ({}): {}", error->status, error->message);
-    SendError(res, *error);
+    fail(*error, Outcome::kBadRequest);
     return;
   }
 
@@ -340,7 +310,7 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
       std::chrono::duration<double>(options_.request_timeout_s));
   const Clock::time_point deadline = arrival + timeout;
   const int total = static_cast<int>(prompts.size()) * parsed.n;
-  auto doorbell = total > 1 ? std::make_shared<Doorbell>() : nullptr;
+  auto doorbell = std::make_shared<Doorbell>();
   std::vector<ChoiceRun> runs;
   runs.reserve(total);
   for (int index = 0; index < total; ++index) {
@@ -398,60 +368,20 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request&
   if (!st.ok()) {
     Outcome outcome = Outcome::kError;
     const ApiError e = SubmitError(st, &outcome);
-    metrics_->CountOutcome(outcome);
     log_->info("{} rejected: {}", id, st.ToString());
+    Headers extra;
     if (e.status == 429) {
-      res.set_header("Retry-After", std::to_string(std::max(1, backend_->RetryAfterSeconds())));
+      extra.emplace_back("Retry-After", std::to_string(std::max(1, backend_->RetryAfterSeconds())));
     }
-    SendError(res, e);
+    fail(e, outcome, std::move(extra));
     return;
   }
-  if (parsed.stream) {
-    RespondStream(std::move(choices), std::move(inflight), res);
-  } else {
-    RespondWhole(*choices, deadline, res);
-  }
-}
-
-void HttpServer::Impl::RespondWhole(ChoiceSet& choices, Clock::time_point deadline,
-                                    httplib::Response& res) {
-  ChoiceSet::Whole whole =
-      choices.CollectWhole(deadline + kDeadlineGrace, options_.request_timeout_s);
-  if (whole.error) {
-    choices.CancelAll();
-    SendError(res, *whole.error);
-  } else {
-    res.set_content(whole.body, kJson);
-  }
-}
-
-void HttpServer::Impl::RespondStream(std::shared_ptr<ChoiceSet> choices,
-                                     std::shared_ptr<Inflight> inflight, httplib::Response& res) {
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  struct Writer {
-    std::shared_ptr<ChoiceSet> choices;
-    std::shared_ptr<Inflight> inflight;  // released when httplib drops the provider
-    double timeout_s;
-  };
-  auto w = std::make_shared<Writer>(
-      Writer{std::move(choices), std::move(inflight), options_.request_timeout_s});
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [w](size_t /*offset*/, httplib::DataSink& out) {
-        auto send = [&](const std::string& data) {
-          if (out.write(data.data(), data.size())) return true;
-          w->choices->CancelAll();
-          return false;
-        };
-        bool finished = false;
-        if (!w->choices->StreamStep(send, kStreamPoll, w->timeout_s, &finished)) return false;
-        if (finished) out.done();
-        return true;
-      },
-      [w](bool success) {
-        if (!success) w->choices->CancelAll();
-      });
+  PumpOptions pump;
+  pump.stream = parsed.stream;
+  pump.timeout_s = options_.request_timeout_s;
+  pump.give_up = deadline + kDeadlineGrace;
+  pump.headers = std::move(cors);
+  StartResponsePump(std::move(choices), std::move(ex), std::move(pump), std::move(inflight));
 }
 
 void HttpServer::Impl::StatusLoop() {
@@ -498,6 +428,7 @@ HttpServer::HttpServer(ServerOptions options, ModelInfo model, serving::Generati
 HttpServer::~HttpServer() = default;
 Status HttpServer::Bind() { return impl_->Bind(); }
 int HttpServer::port() const { return impl_->port(); }
+size_t HttpServer::max_connections() const { return impl_->max_connections(); }
 bool HttpServer::Run() { return impl_->Run(); }
 void HttpServer::BeginDrain() { impl_->BeginDrain(); }
 bool HttpServer::draining() const { return impl_->draining(); }

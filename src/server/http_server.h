@@ -1,5 +1,5 @@
-// The OpenAI-compatible HTTP front door (cpp-httplib): routes, bearer-token auth, body limits,
-// request validation, SSE streaming, metrics, request logs and a periodic status line. It
+// The OpenAI-compatible HTTP front door (on http_door's event loop): routes, bearer-token auth,
+// CORS, request validation, SSE streaming, metrics, request logs and a periodic status line. It
 // tokenizes and validates each request, submits it to a serving::GenerationBackend and relays
 // the output; it never touches the engine itself.
 //
@@ -16,9 +16,12 @@
 // GET /metrics. With an API key set, /v1/* requires "Authorization: Bearer <key>" (401 else);
 // /health and /metrics stay open for probes and scrapers.
 //
-// Threading: httplib's pool threads run handlers (one connection each); the backend calls the
-// RequestSinks from its own thread and never waits on a client. Destroy the server only after
-// the backend has stopped calling sinks (Drain, or the backend destroyed).
+// Threading: connections live on the door's event loop and cost no thread; a complete request
+// runs its handler on one of `http_threads` threads (validating, tokenizing, submitting), then
+// its output moves to the client from the event loop as the backend produces it
+// (server/response_pump.h). The backend calls the RequestSinks from its own threads and never
+// waits on a client. Destroy the server only after the backend has stopped calling sinks
+// (Drain, or the backend destroyed).
 #pragma once
 
 #include <chrono>
@@ -47,7 +50,9 @@ struct ServerOptions {
   int max_model_len = 2048;                // tokens, prompt + completion
   double request_timeout_s = 600;          // arrival to finish; then the request fails (timeout)
   size_t max_body_bytes = 8u << 20;        // larger bodies get 413
-  int http_threads = 64;                   // connections served at once (each holds a thread)
+  size_t max_header_bytes = 16u << 10;     // larger request heads get 431
+  size_t max_connections = 0;              // open at once; 0: from the descriptor limit
+  int http_threads = 8;                    // handler threads (connections need none)
   double status_interval_s = 10;           // the periodic status line; <= 0: none
 };
 
@@ -69,7 +74,8 @@ class HttpServer {
 
   // Binds the listening socket (Unavailable when the address is taken).
   Status Bind();
-  int port() const;  // the bound port
+  int port() const;                // the bound port
+  size_t max_connections() const;  // client connections held open at most
   // Serves until Stop(); returns false if the server could not run. Call after Bind().
   bool Run();
   // New generation requests get 503 and /health reports draining; in-flight ones continue.

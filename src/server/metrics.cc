@@ -153,7 +153,8 @@ ServerMetrics::Snapshot ServerMetrics::Get() const {
   return s;
 }
 
-std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
+std::string ServerMetrics::Render(const serving::BackendStats& stats,
+                                  const http_door::DoorStats& door) const {
   PrometheusWriter w;
   std::vector<std::pair<PrometheusWriter::Labels, double>> outcomes;
   for (int i = 0; i < kNumOutcomes; ++i) {
@@ -275,6 +276,19 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats) const {
     w.Family(name, counter ? "counter" : "gauge", help, samples);
   }
   for (const auto& h : stats.extra_histograms) w.Histogram(h.name, h.help, h.snapshot);
+  w.Gauge("tandem_http_connections_open", "Client connections open at the front door.",
+          static_cast<double>(door.connections_open));
+  w.Counter("tandem_http_connections_total", "Client connections accepted.",
+            static_cast<double>(door.connections_accepted));
+  w.Counter("tandem_http_connections_refused_total",
+            "Connections closed at once: the connection limit was reached.",
+            static_cast<double>(door.connections_refused));
+  w.Family("tandem_http_timeouts_total", "counter",
+           "Connections closed by a deadline: idle (no request started), request (not read "
+           "whole in time: slow senders), write (the client stopped reading).",
+           {{{{"kind", "idle"}}, static_cast<double>(door.idle_timeouts)},
+            {{{"kind", "request"}}, static_cast<double>(door.request_timeouts)},
+            {{{"kind", "write"}}, static_cast<double>(door.write_timeouts)}});
   return w.text();
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/histogram.h"
+#include "http_door/door.h"
 #include "serving/backend.h"
 
 namespace tandem::server {
@@ -54,8 +55,9 @@ class ServerMetrics {
   int64_t outcome_count(Outcome o) const { return outcomes_[static_cast<int>(o)].load(); }
   int64_t generation_tokens() const { return generation_tokens_.load(); }
 
-  // The whole /metrics body.
-  std::string Render(const serving::BackendStats& stats) const;
+  // The whole /metrics body: the server's figures, the backend's and the front door's.
+  std::string Render(const serving::BackendStats& stats,
+                     const http_door::DoorStats& door = {}) const;
 
   // What the dashboard shows (server/dashboard.h): cumulative figures, histograms as snapshots.
   struct Snapshot {

@@ -15,11 +15,13 @@ RequestSink::RequestSink(const model::Tokenizer* tokenizer, std::vector<std::str
       extras_(std::move(extras)) {}
 
 void Doorbell::Ring() {
+  std::function<void()> listener;
   {
     MutexLock lock(&mu_);
     ++rings_;
+    listener = listener_;
   }
-  cv_.NotifyAll();
+  if (listener) listener();
 }
 
 uint64_t Doorbell::rings() const {
@@ -27,12 +29,9 @@ uint64_t Doorbell::rings() const {
   return rings_;
 }
 
-void Doorbell::WaitPast(uint64_t seen, std::chrono::steady_clock::duration timeout) {
+void Doorbell::SetListener(std::function<void()> listener) {
   MutexLock lock(&mu_);
-  cv_.WaitFor(&mu_, timeout, [&] {
-    mu_.AssertHeld();
-    return rings_ != seen;
-  });
+  listener_ = std::move(listener);
 }
 
 void RequestSink::Notify() {

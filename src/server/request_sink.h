@@ -22,19 +22,20 @@
 
 namespace tandem::server {
 
-// Wakes one waiter when any of several sinks has news (a response with several choices).
-// Thread-safe.
+// Rung when any of a response's sinks has news; calls its listener (the response's pump,
+// which then takes the news on the event loop). Thread-safe.
 class Doorbell {
  public:
   void Ring() TANDEM_EXCLUDES(mu_);
   uint64_t rings() const TANDEM_EXCLUDES(mu_);
-  // Returns once rings() differs from `seen`, or after `timeout`.
-  void WaitPast(uint64_t seen, std::chrono::steady_clock::duration timeout) TANDEM_EXCLUDES(mu_);
+  // `listener` runs on the ringing thread (a backend thread) at each ring from now on; it must
+  // be quick and must not block.
+  void SetListener(std::function<void()> listener) TANDEM_EXCLUDES(mu_);
 
  private:
   mutable Mutex mu_;
-  CondVar cv_;
   uint64_t rings_ TANDEM_GUARDED_BY(mu_) = 0;
+  std::function<void()> listener_ TANDEM_GUARDED_BY(mu_);
 };
 
 // What a RequestSink does beyond text and stop strings.
