@@ -65,19 +65,6 @@ uint32_t DecodeCp(const std::string& cp) {
   }
 }
 
-void EncodeCp(uint32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
 // Maps each code point: upper (ß becomes "SS"), lower, or by position (title / capitalize).
 enum class CaseMode { kUpper, kLower, kTitle, kCapitalize };
 std::string MapCase(const std::string& s, CaseMode mode) {
@@ -96,7 +83,7 @@ std::string MapCase(const std::string& s, CaseMode mode) {
     } else if (c >= 0x10000 || (cp.size() == 1 && c >= 0x80)) {
       out += cp;  // beyond the mapped scripts, or a stray byte: as it is
     } else {
-      EncodeCp(up ? UpperCp(c) : LowerCp(c), &out);
+      AppendUtf8(up ? UpperCp(c) : LowerCp(c), &out);
     }
   }
   return out;

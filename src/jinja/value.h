@@ -120,5 +120,7 @@ std::string FloatRepr(double d);
 
 // The code points of a UTF-8 string, each as its own string (Python iterates str so).
 std::vector<std::string> CodePoints(std::string_view s);
+// Appends the UTF-8 encoding of a code point (at most U+10FFFF).
+void AppendUtf8(uint32_t code_point, std::string* out);
 
 }  // namespace tandem::jinja
