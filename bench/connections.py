@@ -33,16 +33,19 @@ def raise_fd_limit():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def open_idle(host, port, n):
-    """n connections, a third of each kind; returns (sockets, failures)."""
+KINDS = ("silent", "half", "keepalive")
+
+
+def open_idle(host, port, n, kinds=KINDS):
+    """n connections, the kinds in equal parts; returns (sockets, failures)."""
     socks, failures = [], 0
     for i in range(n):
         try:
             s = socket.create_connection((host, port), timeout=10)
-            kind = i % 3
-            if kind == 1:
+            kind = kinds[i % len(kinds)]
+            if kind == "half":
                 s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
-            elif kind == 2:
+            elif kind == "keepalive":
                 s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
                 got = b""
                 while b"}" not in got:
@@ -112,27 +115,51 @@ def run_streams(host, port, model, n, max_tokens, timeout):
 
 
 def open_connections(host, port):
-    """The server's tandem_http_connections_open, from /metrics."""
-    c = http.client.HTTPConnection(host, port, timeout=30)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
+    """The server's tandem_http_connections_open, from /metrics (-1: no answer in 30 s)."""
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=30)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+    except (OSError, http.client.HTTPException):
+        return -1
     for line in text.splitlines():
         if line.startswith("tandem_http_connections_open "):
             return int(float(line.split()[1]))
     return -1
 
 
-def measure(host, port, model, idle, streams, max_tokens, stream_timeout=300):
+def rss_mib(pid):
+    """Resident memory of a process (MiB), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def measure(host, port, model, idle, streams, max_tokens, stream_timeout=300, kinds=KINDS,
+            server_pid=None):
+    """The figures; with server_pid, also the front-door process's memory with and without the
+    idle connections."""
     out = {"idle_requested": idle, "streams": streams}
     out["fd_limit"] = raise_fd_limit()
     out["health_s_before"], _ = timed_request(host, port, "GET", "/health")
+    out["chat_s_before"], _ = timed_request(host, port, "POST", "/v1/chat/completions",
+                                            chat_body(model, 4, False))
+    if server_pid:
+        out["server_rss_mib_before"] = rss_mib(server_pid)
     t0 = time.monotonic()
-    socks, failures = open_idle(host, port, idle)
+    socks, failures = open_idle(host, port, idle, kinds)
     out["idle_open_s"] = round(time.monotonic() - t0, 2)
     out["idle_held"] = len(socks)
     out["idle_failures"] = failures
     out["server_connections_open"] = open_connections(host, port)
+    if server_pid:
+        out["server_rss_mib_with_idle"] = rss_mib(server_pid)
     secs, status = timed_request(host, port, "GET", "/health")
     out["health_s_with_idle"], out["health_status_with_idle"] = round(secs, 4), status
     secs, status = timed_request(host, port, "POST", "/v1/chat/completions",
@@ -169,6 +196,8 @@ def main():
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--model", default="smol")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="kinds of idle connection, comma-separated: silent, half, keepalive")
     args = ap.parse_args()
     raise_fd_limit()
     server = None
@@ -183,7 +212,8 @@ def main():
     host, port = base.split("//")[1].split(":")
     try:
         print(json.dumps(measure(host, int(port), args.model, args.idle, args.streams,
-                                 args.max_tokens)))
+                                 args.max_tokens, kinds=tuple(args.kinds.split(",")),
+                                 server_pid=server.proc.pid if server else None)))
     finally:
         if server is not None:
             server.stop()
