@@ -85,6 +85,9 @@ class HttpServer::Impl {
   ~Impl() {
     Stop();
     if (status_thread_.joinable()) status_thread_.join();
+    // The door first: its handler threads and the responses it still holds use the members
+    // below (the in-flight count, the metrics).
+    door_.reset();
   }
 
   Status Bind() {
