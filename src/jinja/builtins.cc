@@ -1,3 +1,4 @@
+// builtins.h, first part: the filters and tests (methods.cc has the rest).
 #include "jinja/builtins.h"
 
 #include <algorithm>
@@ -6,8 +7,9 @@
 #include <ctime>
 #include <map>
 
+#include "jinja/text.h"
+
 namespace tandem::jinja {
-namespace {
 
 using Kind = Value::Kind;
 
@@ -23,133 +25,6 @@ const Value* Arg(const Args& a, size_t index, std::string_view name) {
 Value ArgOr(const Args& a, size_t index, std::string_view name, Value fallback) {
   const Value* v = Arg(a, index, name);
   return v ? *v : std::move(fallback);
-}
-
-bool IsWs(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-// Case mapping of the scripts chat templates meet (Python's str.upper / lower for ASCII, Latin-1,
-// Latin Extended-A, Greek and Cyrillic; other code points are left as they are).
-uint32_t UpperCp(uint32_t c) {
-  if (c >= 'a' && c <= 'z') return c - 32;
-  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
-  if (c == 0xFF) return 0x178;
-  if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return c & ~1u;
-  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c % 2 == 0) ? c - 1 : c;
-  if (c >= 0x3B1 && c <= 0x3C9) return c == 0x3C2 ? 0x3A3 : c - 32;
-  if (c >= 0x430 && c <= 0x44F) return c - 32;
-  if (c >= 0x450 && c <= 0x45F) return c - 80;
-  return c;
-}
-uint32_t LowerCp(uint32_t c) {
-  if (c >= 'A' && c <= 'Z') return c + 32;
-  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
-  if (c == 0x178) return 0xFF;
-  if ((c >= 0x100 && c <= 0x137) || (c >= 0x14A && c <= 0x177)) return c | 1u;
-  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return (c % 2 == 1) ? c + 1 : c;
-  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
-  if (c >= 0x410 && c <= 0x42F) return c + 32;
-  if (c >= 0x400 && c <= 0x40F) return c + 80;
-  return c;
-}
-
-uint32_t DecodeCp(const std::string& cp) {
-  const auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(cp[i])); };
-  switch (cp.size()) {
-    case 1: return b(0);
-    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    default:
-      return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
-  }
-}
-
-// Maps each code point: upper (ß becomes "SS"), lower, or by position (title / capitalize).
-enum class CaseMode { kUpper, kLower, kTitle, kCapitalize };
-std::string MapCase(const std::string& s, CaseMode mode) {
-  std::string out;
-  bool prev_cased = false, first = true;
-  for (const std::string& cp : CodePoints(s)) {
-    const uint32_t c = DecodeCp(cp);
-    const bool cased = UpperCp(c) != c || LowerCp(c) != c || c == 0xDF;
-    bool up = mode == CaseMode::kUpper;
-    if (mode == CaseMode::kTitle) up = cased && !prev_cased;
-    if (mode == CaseMode::kCapitalize) up = first;
-    first = false;
-    if (mode == CaseMode::kTitle) prev_cased = cased;
-    if (up && c == 0xDF) {
-      out += mode == CaseMode::kUpper ? "SS" : "Ss";
-    } else if (c >= 0x10000 || (cp.size() == 1 && c >= 0x80)) {
-      out += cp;  // beyond the mapped scripts, or a stray byte: as it is
-    } else {
-      AppendUtf8(up ? UpperCp(c) : LowerCp(c), &out);
-    }
-  }
-  return out;
-}
-
-std::string Lower(const std::string& s) { return MapCase(s, CaseMode::kLower); }
-std::string Upper(const std::string& s) { return MapCase(s, CaseMode::kUpper); }
-std::string Capitalize(const std::string& s) { return MapCase(s, CaseMode::kCapitalize); }
-std::string Title(const std::string& s) { return MapCase(s, CaseMode::kTitle); }
-
-std::string Replace(const std::string& s, const std::string& from, const std::string& to,
-                    int64_t count) {
-  std::string out;
-  size_t pos = 0;
-  int64_t done = 0;
-  if (from.empty()) {  // Python inserts `to` around every character
-    for (const std::string& cp : CodePoints(s)) {
-      if (count >= 0 && done >= count) {
-        out += cp;
-        continue;
-      }
-      out += to + cp;
-      ++done;
-    }
-    return (count < 0 || done < count) ? out + to : out;
-  }
-  while (count < 0 || done < count) {
-    const size_t hit = s.find(from, pos);
-    if (hit == std::string::npos) break;
-    out.append(s, pos, hit - pos).append(to);
-    pos = hit + from.size();
-    ++done;
-  }
-  return out + s.substr(pos);
-}
-
-List Split(const std::string& s, const Value* sep, int64_t maxsplit) {
-  List out;
-  if (sep == nullptr || sep->is_none()) {  // runs of whitespace, no empty parts
-    size_t i = 0;
-    while (i < s.size()) {
-      while (i < s.size() && IsWs(s[i])) ++i;
-      if (i >= s.size()) break;
-      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-        std::string rest = s.substr(i);
-        while (!rest.empty() && IsWs(rest.back())) rest.pop_back();
-        out.emplace_back(rest);
-        return out;
-      }
-      size_t j = i;
-      while (j < s.size() && !IsWs(s[j])) ++j;
-      out.emplace_back(s.substr(i, j - i));
-      i = j;
-    }
-    return out;
-  }
-  const std::string& d = sep->str();
-  size_t pos = 0;
-  while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-    const size_t hit = s.find(d, pos);
-    if (hit == std::string::npos) break;
-    out.emplace_back(s.substr(pos, hit - pos));
-    pos = hit + d.size();
-  }
-  out.emplace_back(s.substr(pos));
-  return out;
 }
 
 StatusOr<List> Iterate(const Value& v) {
@@ -169,6 +44,8 @@ StatusOr<List> Iterate(const Value& v) {
     default: return InvalidArgument("'" + v.TypeName() + "' object is not iterable");
   }
 }
+
+namespace {
 
 StatusOr<Value> Attribute(const Value& v, const std::string& path) {
   Value cur = v;
@@ -688,128 +565,10 @@ const std::map<std::string, TestFn>& Tests() {
   return kTests;
 }
 
-std::shared_ptr<Callable> MakeCallable(std::string name, std::function<StatusOr<Value>(Args&)> fn) {
-  return std::make_shared<Callable>(Callable{std::move(name), std::move(fn)});
-}
-
-std::optional<Value> StringMethod(const std::string& s, const std::string& name) {
-  using Fn = std::function<StatusOr<Value>(Args&)>;
-  Fn fn;
-  if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    const bool left = name != "rstrip", right = name != "lstrip";
-    fn = [s, left, right](Args& a) -> StatusOr<Value> {
-      const Value chars = ArgOr(a, 0, "chars", Value::None());
-      return Value(Strip(s, chars.is_none() ? "" : chars.ToString(), left, right));
-    };
-  } else if (name == "split") {
-    fn = [s](Args& a) -> StatusOr<Value> {
-      return Value(Split(s, Arg(a, 0, "sep"), ArgOr(a, 1, "maxsplit", Value(-1)).as_int()));
-    };
-  } else if (name == "startswith" || name == "endswith") {
-    const bool start = name == "startswith";
-    fn = [s, start](Args& a) -> StatusOr<Value> {
-      if (a.positional.empty())
-        return ArgumentError(start ? "startswith" : "endswith", "expects a string");
-      List options = a.positional[0].is_list() ? a.positional[0].list() : List{a.positional[0]};
-      for (const Value& o : options) {
-        const std::string p = o.ToString();
-        const bool hit =
-            start ? s.compare(0, p.size(), p) == 0
-                  : s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-        if (hit) return Value(true);
-      }
-      return Value(false);
-    };
-  } else if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-    fn = [s, name](Args&) -> StatusOr<Value> {
-      return Value(name == "upper"   ? Upper(s)
-                   : name == "lower" ? Lower(s)
-                   : name == "title" ? Title(s)
-                                     : Capitalize(s));
-    };
-  } else if (name == "replace") {
-    fn = [s](Args& a) -> StatusOr<Value> {
-      if (a.positional.size() < 2) return ArgumentError("replace", "expects old and new");
-      return Value(Replace(s, a.positional[0].ToString(), a.positional[1].ToString(),
-                           a.positional.size() > 2 ? a.positional[2].as_int() : -1));
-    };
-  } else if (name == "find" || name == "rfind" || name == "count") {
-    fn = [s, name](Args& a) -> StatusOr<Value> {
-      if (a.positional.empty()) return ArgumentError(name, "expects a string");
-      const std::string sub = a.positional[0].ToString();
-      if (name == "count") {
-        if (sub.empty()) return Value(static_cast<int64_t>(CodePoints(s).size() + 1));
-        int64_t n = 0;
-        for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-        return Value(n);
-      }
-      const size_t p = name == "find" ? s.find(sub) : s.rfind(sub);
-      return Value(p == std::string::npos
-                       ? int64_t{-1}
-                       : static_cast<int64_t>(CodePoints(s.substr(0, p)).size()));
-    };
-  } else if (name == "join") {
-    fn = [s](Args& a) -> StatusOr<Value> {
-      if (a.positional.empty()) return ArgumentError("join", "expects an iterable");
-      TANDEM_ASSIGN_OR_RETURN(List items, Iterate(a.positional[0]));
-      std::string out;
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (!items[i].is_string()) return ArgumentError("join", "expects strings");
-        if (i) out += s;
-        out += items[i].str();
-      }
-      return Value(std::move(out));
-    };
-  } else if (name == "splitlines") {
-    fn = [s](Args&) -> StatusOr<Value> {
-      List out;
-      size_t start = 0;
-      while (start < s.size()) {
-        size_t nl = s.find('\n', start);
-        if (nl == std::string::npos) nl = s.size();
-        std::string line = s.substr(start, nl - start);
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        out.emplace_back(std::move(line));
-        start = nl + 1;
-      }
-      return Value(std::move(out));
-    };
-  } else if (name == "isdigit" || name == "isalpha" || name == "isspace" || name == "isalnum") {
-    fn = [s, name](Args&) -> StatusOr<Value> {
-      if (s.empty()) return Value(false);
-      for (unsigned char c : s) {
-        const bool ok = name == "isdigit"   ? std::isdigit(c)
-                        : name == "isalpha" ? std::isalpha(c)
-                        : name == "isspace" ? std::isspace(c)
-                                            : std::isalnum(c);
-        if (!ok) return Value(false);
-      }
-      return Value(true);
-    };
-  } else {
-    return std::nullopt;
-  }
-  return Value(MakeCallable("str." + name, std::move(fn)));
-}
-
 }  // namespace
 
 Status ArgumentError(const std::string& what, const std::string& message) {
   return InvalidArgument(what + ": " + message);
-}
-
-std::string Strip(const std::string& s, const std::string& chars, bool left, bool right) {
-  const auto drop = [&](char c) {
-    return chars.empty() ? IsWs(c) : chars.find(c) != std::string::npos;
-  };
-  size_t b = 0, e = s.size();
-  if (left) {
-    while (b < e && drop(s[b])) ++b;
-  }
-  if (right) {
-    while (e > b && drop(s[e - 1])) --e;
-  }
-  return s.substr(b, e - b);
 }
 
 StatusOr<Value> ApplyFilter(const std::string& name, const Value& value, Args& args) {
@@ -830,107 +589,6 @@ StatusOr<bool> ApplyTest(const std::string& name, const Value& value, Args& args
   auto it = tests.find(canonical);
   if (it == tests.end()) return InvalidArgument("no test named '" + name + "'");
   return it->second(value, args);
-}
-
-std::optional<Value> BoundMethod(const Value& obj, const std::string& name) {
-  if (obj.is_string()) return StringMethod(obj.str(), name);
-  if (obj.is_dict() && !obj.dict()->is_namespace) {
-    const std::shared_ptr<Dict> d = obj.dict();
-    if (name == "items" || name == "keys" || name == "values") {
-      return Value(MakeCallable("dict." + name, [d, name](Args&) -> StatusOr<Value> {
-        List out;
-        for (const auto& [k, v] : d->items()) {
-          out.push_back(name == "items" ? Value(List{Value(k), v}) : name == "keys" ? Value(k) : v);
-        }
-        return Value(std::move(out));
-      }));
-    }
-    if (name == "get") {
-      return Value(MakeCallable("dict.get", [d](Args& a) -> StatusOr<Value> {
-        if (a.positional.empty()) return ArgumentError("get", "expects a key");
-        const Value* f = a.positional[0].is_string() ? d->Find(a.positional[0].str()) : nullptr;
-        return f ? *f : (a.positional.size() > 1 ? a.positional[1] : Value::None());
-      }));
-    }
-    return std::nullopt;
-  }
-  if (obj.is_list() && (name == "index" || name == "count")) {
-    const List items = obj.list();
-    return Value(MakeCallable("list." + name, [items, name](Args& a) -> StatusOr<Value> {
-      if (a.positional.empty()) return ArgumentError(name, "expects a value");
-      int64_t n = 0;
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (!Equal(items[i], a.positional[0])) continue;
-        if (name == "index") return Value(static_cast<int64_t>(i));
-        ++n;
-      }
-      if (name == "index") return InvalidArgument("list.index(x): x not in list");
-      return Value(n);
-    }));
-  }
-  return std::nullopt;
-}
-
-std::optional<Value> GlobalFunction(const std::string& name) {
-  if (name == "range") {
-    return Value(MakeCallable("range", [](Args& a) -> StatusOr<Value> {
-      int64_t start = 0, stop = 0, step = 1;
-      for (const Value& v : a.positional) {
-        if (v.kind() != Kind::kInt && v.kind() != Kind::kBool)
-          return ArgumentError("range", "expects integers");
-      }
-      if (a.positional.size() == 1) {
-        stop = a.positional[0].as_int();
-      } else if (a.positional.size() == 2 || a.positional.size() == 3) {
-        start = a.positional[0].as_int();
-        stop = a.positional[1].as_int();
-        if (a.positional.size() == 3) step = a.positional[2].as_int();
-      } else {
-        return ArgumentError("range", "expects 1 to 3 integers");
-      }
-      if (step == 0) return ArgumentError("range", "step must not be zero");
-      constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit
-      List out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        if (static_cast<int64_t>(out.size()) >= kMaxRange)
-          return ArgumentError("range", "too many items");
-        out.emplace_back(i);
-      }
-      return Value(std::move(out));
-    }));
-  }
-  if (name == "namespace" || name == "dict") {
-    const bool ns = name == "namespace";
-    return Value(MakeCallable(name, [ns](Args& a) -> StatusOr<Value> {
-      auto d = std::make_shared<Dict>();
-      d->is_namespace = ns;
-      for (const Value& p : a.positional) {
-        if (!p.is_dict())
-          return ArgumentError(ns ? "namespace" : "dict", "expects a dict or keywords");
-        for (const auto& [k, v] : p.dict()->items()) d->Set(k, v);
-      }
-      for (const auto& [k, v] : a.keyword) d->Set(k, v);
-      return Value(std::move(d));
-    }));
-  }
-  if (name == "raise_exception") {
-    return Value(MakeCallable("raise_exception", [](Args& a) -> StatusOr<Value> {
-      return InvalidArgument(a.positional.empty() ? std::string("raise_exception")
-                                                  : a.positional[0].ToString());
-    }));
-  }
-  if (name == "strftime_now") {
-    return Value(MakeCallable("strftime_now", [](Args& a) -> StatusOr<Value> {
-      if (a.positional.empty()) return ArgumentError("strftime_now", "expects a format");
-      const std::time_t now = std::time(nullptr);
-      std::tm local{};
-      localtime_r(&now, &local);
-      char buf[256];
-      const size_t n = std::strftime(buf, sizeof(buf), a.positional[0].ToString().c_str(), &local);
-      return Value(std::string(buf, n));
-    }));
-  }
-  return std::nullopt;
 }
 
 }  // namespace tandem::jinja

@@ -3,8 +3,11 @@
 // raise_exception, strftime_now), each with Python's semantics for the values of value.h.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "jinja/value.h"
 
@@ -25,7 +28,12 @@ std::optional<Value> GlobalFunction(const std::string& name);
 // Errors of arguments, shared by filters, methods and the renderer.
 Status ArgumentError(const std::string& what, const std::string& message);
 
-// Python's str.strip family: chars empty means whitespace.
-std::string Strip(const std::string& s, const std::string& chars, bool left, bool right);
+// Shared by the filters (builtins.cc) and the methods and globals (methods.cc).
+// Argument `index` (positional) or `name` (keyword); null when absent.
+const Value* Arg(const Args& a, size_t index, std::string_view name);
+Value ArgOr(const Args& a, size_t index, std::string_view name, Value fallback);
+// The items a for loop sees: a list's, a dict's keys, a string's characters.
+StatusOr<List> Iterate(const Value& v);
+std::shared_ptr<Callable> MakeCallable(std::string name, std::function<StatusOr<Value>(Args&)> fn);
 
 }  // namespace tandem::jinja
