@@ -327,6 +327,23 @@ bool JsonMatcher::ArrayByte(Frame& f, unsigned char c) {
   return StartValue(stack_.back(), c);
 }
 
+size_t JsonMatcher::PlainStringRoom() const {
+  if (closed_ || stack_.empty()) return 0;
+  const Frame& f = stack_.back();
+  if (f.type != Type::kString || f.state != kStrPlain || f.utf8_left != 0 || f.want_low_surrogate) {
+    return 0;
+  }
+  if (f.is_key) {  // any key of an object that allows undeclared ones, up to kMaxKeyBytes
+    const SchemaNode& object = node(stack_[stack_.size() - 2].node);
+    if (object.ordered || !object.additional_allowed) return 0;
+    const size_t max_key = static_cast<size_t>(kMaxKeyBytes);
+    return buf_.size() < max_key ? max_key - buf_.size() : 0;
+  }
+  const int max_length = node(f.node).max_length;
+  if (max_length < 0) return SIZE_MAX;
+  return max_length > f.count ? static_cast<size_t>(max_length - f.count) : 0;
+}
+
 JsonMatcher::StringScan JsonMatcher::ScanStringByte(Frame& f, unsigned char c) {
   if (f.utf8_left > 0) {
     if (c < f.utf8_lo || c > f.utf8_hi) return StringScan::kBad;

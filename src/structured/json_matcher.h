@@ -47,6 +47,12 @@ class JsonMatcher {
   bool Complete() const;
   // The document is closed: nothing but whitespace may follow.
   bool Closed() const { return closed_; }
+  // How many bytes of printable ASCII other than '"' and '\\' (0x20-0x7E) surely may follow:
+  // inside a string value between characters, the characters its maxLength still allows
+  // (SIZE_MAX without one); inside a key of an object that allows undeclared keys (declared in
+  // any order), the bytes kMaxKeyBytes still allows; 0 anywhere else. The sampler lets such tokens
+  // through without trying them.
+  size_t PlainStringRoom() const;
 
  private:
   enum class Type : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral };

@@ -2,6 +2,7 @@
 // through a JsonMatcher over each token's bytes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,6 +28,18 @@ struct TokenTable {
   static constexpr int16_t kNeverToken = -2;  // control tokens, empty pieces
   std::vector<int16_t> first_byte;
   std::vector<uint8_t> single_byte;
+  // The piece's length when every byte is printable ASCII other than '"' and '\\' (text that
+  // may go inside a JSON string as it is), else 0; capped at 65,535.
+  std::vector<uint16_t> plain_length;
+  // An ordinary token's second byte (-1 for one-byte pieces and the others), and how many
+  // ordinary tokens of two bytes or more begin with each byte.
+  std::vector<int16_t> second_byte;
+  std::array<int32_t, 256> multi_byte_tokens_by_first{};
+  // Ordinary tokens grouped by first byte: those beginning with byte b are
+  // by_first_ids[by_first_offsets[b] .. by_first_offsets[b + 1]); and the end tokens.
+  std::array<int32_t, 257> by_first_offsets{};
+  std::vector<int32_t> by_first_ids;
+  std::vector<int32_t> end_ids;
 
   static std::shared_ptr<const TokenTable> FromTokenizer(const model::Tokenizer& tokenizer);
 };

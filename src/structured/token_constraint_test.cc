@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer_test_util.h"
+#include "structured/json_matcher.h"
 
 namespace tandem::structured {
 namespace {
@@ -49,6 +50,35 @@ TEST_F(TokenConstraintTest, RestrictAgreesWithAllowsAlongADocument) {
   }
   EXPECT_TRUE(c->Finished());
   EXPECT_TRUE(c->Allows(tokenizer_->eos_id()));
+}
+
+// Inside strings Restrict lets text tokens through without trying them (their bytes cannot end
+// or break a string): the answers must still be the matcher's own, up to a maxLength.
+TEST_F(TokenConstraintTest, TextTokensInsideStringsAreTheMatchersAnswers) {
+  auto schema = CompileSchema(R"({"type":"object","properties":{
+      "short":{"type":"string","maxLength":6},"free":{"type":"string"}},
+      "required":["short","free"],"additionalProperties":false})");
+  ASSERT_TRUE(schema.ok());
+  auto c = MakeJsonConstraint(*schema, table_);
+  JsonMatcher reference(*schema), scratch(*schema);
+  const std::vector<int32_t> doc = tokenizer_->Encode(
+      R"({"short": "abc de", "free": "a longer text, with \"quotes\" and é"})", false, false);
+  const size_t vocab = table_->pieces.size();
+  size_t shortcut_states = 0;
+  for (size_t step = 0; step < doc.size(); ++step) {
+    std::vector<float> weights(vocab, 1.0f);
+    c->Restrict(weights);
+    shortcut_states += reference.PlainStringRoom() > 0;
+    for (size_t t = 0; t < vocab; ++t) {
+      if (table_->end[t] || table_->control[t] || table_->pieces[t].empty()) continue;
+      ASSERT_EQ(weights[t] != 0, reference.WouldAccept(table_->pieces[t], &scratch))
+          << "step " << step << " token " << t << " '" << table_->pieces[t] << "'";
+    }
+    ASSERT_TRUE(c->Allows(doc[step])) << step << " '" << table_->pieces[doc[step]] << "'";
+    c->Accept(doc[step]);
+    ASSERT_TRUE(reference.FeedAll(table_->pieces[doc[step]]));
+  }
+  EXPECT_GT(shortcut_states, 4u);  // the shortcut was taken, in both strings
 }
 
 TEST_F(TokenConstraintTest, EndTokensOnlyOnceComplete) {

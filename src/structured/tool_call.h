@@ -50,6 +50,8 @@ class ToolCallMatcher {
   int calls() const { return calls_; }
   // A message: any byte may follow.
   bool Free() const { return phase_ == Phase::kFree; }
+  // JsonMatcher::PlainStringRoom of the call's JSON (0 outside it).
+  size_t PlainStringRoom() const { return phase_ == Phase::kJson ? json_.PlainStringRoom() : 0; }
 
  private:
   enum class Phase : uint8_t { kLead, kOpen, kJson, kClose, kDone, kFree };
