@@ -121,7 +121,11 @@ struct Answer {
   bool finished = false;       // fully written, or abandoned
   std::deque<std::string> queue;
   std::function<void()> on_writable;
-  std::vector<std::shared_ptr<void>> held;
+  // What Hold() keeps alive, owned by the pending wait of `keeper` (never by the answer: what
+  // is held usually holds the exchange, hence this answer). Cancelling the wait releases it;
+  // so does the event loop's destruction when the door stops with the answer unfinished.
+  std::weak_ptr<std::vector<std::shared_ptr<void>>> held;
+  std::unique_ptr<net::steady_timer> keeper;
   std::atomic<bool> gone{false};
   std::atomic<size_t> backlog{0};
 };
@@ -141,6 +145,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void Enqueue(const std::shared_ptr<Answer>& a, std::string data);
   void SendEnd(const std::shared_ptr<Answer>& a);
   void Abandon(const std::shared_ptr<Answer>& a);  // the exchange went away mid-stream
+  void Keep(const std::shared_ptr<Answer>& a, std::shared_ptr<void> owned);  // Hold()
+  void Release(const std::shared_ptr<Answer>& a);  // drops what Keep() kept
   // The connection's strand: what runs there runs one at a time.
   beast::tcp_stream::executor_type strand() { return stream_.get_executor(); }
   HttpDoor::Impl* door() const { return door_; }
@@ -224,8 +230,8 @@ class ExchangeImpl : public Exchange {
     Post([a = answer_, fn = std::move(fn)]() mutable { a->on_writable = std::move(fn); });
   }
   void Hold(std::shared_ptr<void> owned) override {
-    Post([a = answer_, o = std::move(owned)]() mutable {
-      if (!a->finished) a->held.push_back(std::move(o));
+    Post([s = session_, a = answer_, o = std::move(owned)]() mutable {
+      if (!a->finished) s->Keep(a, std::move(o));
     });
   }
   void Schedule(std::function<void()> fn, Clock::time_point at) override {
@@ -470,9 +476,25 @@ void Session::Flush(const std::shared_ptr<Answer>& a) {
                    });
 }
 
+void Session::Keep(const std::shared_ptr<Answer>& a, std::shared_ptr<void> owned) {
+  auto held = a->held.lock();
+  if (!held) {
+    held = std::make_shared<std::vector<std::shared_ptr<void>>>();
+    a->held = held;
+    a->keeper = std::make_unique<net::steady_timer>(stream_.get_executor());
+    a->keeper->expires_after(std::chrono::hours(24 * 365));
+    a->keeper->async_wait([held](beast::error_code) {});
+  }
+  held->push_back(std::move(owned));
+}
+
+void Session::Release(const std::shared_ptr<Answer>& a) {
+  if (a->keeper) a->keeper->cancel();
+}
+
 void Session::Finish(const std::shared_ptr<Answer>& a) {
   a->finished = true;
-  a->held.clear();
+  Release(a);
   a->on_writable = nullptr;
   if (a->keep_alive && !door_->stopped_.load()) {
     WaitForRequest();
@@ -507,7 +529,7 @@ void Session::Gone(const std::shared_ptr<Answer>& a, beast::error_code ec) {
   std::function<void()> notify = std::move(a->on_writable);
   a->on_writable = nullptr;
   if (notify) notify();
-  a->held.clear();
+  Release(a);
   Close();
 }
 
