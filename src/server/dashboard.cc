@@ -32,7 +32,7 @@ const std::string& DashboardPage() {
 }
 
 std::string DashboardJson(const ServerMetrics::Snapshot& m, const serving::BackendStats& stats,
-                          const std::string& model) {
+                          const std::string& model, const http_door::DoorStats& door) {
   json j;
   j["time"] =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -46,6 +46,11 @@ std::string DashboardJson(const ServerMetrics::Snapshot& m, const serving::Backe
   j["generation_tokens"] = m.generation_tokens;
   j["running"] = stats.running;
   j["waiting"] = stats.waiting;
+  j["connections"] = {
+      {"open", door.connections_open},
+      {"accepted", door.connections_accepted},
+      {"refused", door.connections_refused},
+      {"timeouts", door.idle_timeouts + door.request_timeouts + door.write_timeouts}};
   j["kv"] = {{"total", stats.kv_blocks_total},
              {"used", stats.kv_blocks_used},
              {"cached", stats.kv_blocks_cached}};

@@ -19,8 +19,9 @@ const std::string& DashboardPage();
 // "running", "waiting", "kv": {"total", "used", "cached"}, "window_kv", "prefix_hit_tokens",
 // "pool_hit_tokens", "preemptions", "histograms": {"ttft"|"tpot"|"e2e"|"queue": {"bounds",
 // "cumulative", "count", "sum"}}, "workers": [{"name", "role", "metrics": {name[.phase]: v}}],
-// "metrics": [{"name", "labels", "value"}] (the backend's other figures)}.
+// "metrics": [{"name", "labels", "value"}] (the backend's other figures), "connections":
+// {"open", "accepted", "refused", "timeouts"} (the front door's)}.
 std::string DashboardJson(const ServerMetrics::Snapshot& m, const serving::BackendStats& stats,
-                          const std::string& model);
+                          const std::string& model, const http_door::DoorStats& door = {});
 
 }  // namespace tandem::server

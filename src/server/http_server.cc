@@ -249,9 +249,9 @@ void HttpServer::Impl::Handle(const Request& req, std::shared_ptr<Exchange> ex) 
   } else if (get && req.path == "/dashboard") {
     answer(Response{200, "text/html; charset=utf-8", DashboardPage(), {}});
   } else if (get && req.path == "/dashboard/data") {
-    answer(
-        JsonResponse(DashboardJson(metrics_->Get(), backend_->Stats(), options_.served_model_name),
-                     {{"Cache-Control", "no-store"}}));
+    answer(JsonResponse(DashboardJson(metrics_->Get(), backend_->Stats(),
+                                      options_.served_model_name, door_->Stats()),
+                        {{"Cache-Control", "no-store"}}));
   } else if (get && req.path == "/metrics") {
     answer(Response{200,
                     "text/plain; version=0.0.4; charset=utf-8",

@@ -100,8 +100,11 @@ class DashboardInBrowserTest(unittest.TestCase):
     def test_data_endpoint_shape(self):
         d = requests.get(self.server.base + "/dashboard/data", timeout=30).json()
         for key in ("time", "model", "outcomes", "generation_tokens", "running", "waiting", "kv",
-                    "histograms", "workers", "metrics"):
+                    "histograms", "workers", "metrics", "connections"):
             self.assertIn(key, d)
+        # This request's own connection, at least, is open.
+        self.assertGreaterEqual(d["connections"]["open"], 1)
+        self.assertGreaterEqual(d["connections"]["accepted"], d["connections"]["open"])
         self.assertEqual(sorted(w["name"] for w in d["workers"]), ["decode-0", "prefill-0"])
         self.assertIn("ttft", d["histograms"])
 
