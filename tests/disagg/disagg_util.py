@@ -182,15 +182,24 @@ class ProcessCluster:
         return "\n".join(out)
 
     def start_etcd(self, free_port):
-        """A real etcd on free loopback ports, answering; returns its etcd:// URI."""
+        """A real etcd on free loopback ports, answering; returns its etcd:// URI. Its process
+        is self.etcd; restart_etcd() starts it again on the same ports and data."""
+        self.etcd_ports = (free_port(), free_port())
+        self.etcd = self._run_etcd()
+        return f"etcd://127.0.0.1:{self.etcd_ports[0]}"
+
+    def restart_etcd(self):
+        self.etcd = self._run_etcd()
+
+    def _run_etcd(self):
         import socket
-        client, peer = free_port(), free_port()
-        self.start("etcd", "etcd", "--data-dir", os.path.join(self.tmp, "etcd"),
-                   "--listen-client-urls", f"http://127.0.0.1:{client}",
-                   "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                   "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                   "--initial-cluster", f"default=http://127.0.0.1:{peer}")
+        client, peer = self.etcd_ports
+        proc = self.start("etcd", "etcd", "--data-dir", os.path.join(self.tmp, "etcd"),
+                          "--listen-client-urls", f"http://127.0.0.1:{client}",
+                          "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                          "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                          "--initial-cluster", f"default=http://127.0.0.1:{peer}")
 
         def answers():
             try:
@@ -199,4 +208,13 @@ class ProcessCluster:
             except OSError:
                 return False
         wait_for(answers, 30, "etcd")
-        return f"etcd://127.0.0.1:{client}"
+        return proc
+
+    def workers_healthy(self, http_port, prefill=1, decode=1):
+        """Whether the conductor on http_port counts that many healthy workers of each role."""
+        try:
+            m = scrape(http_port)
+        except OSError:
+            return False
+        return (m.get('tandem_workers{role="decode",state="healthy"}') == decode
+                and m.get('tandem_workers{role="prefill",state="healthy"}') == prefill)

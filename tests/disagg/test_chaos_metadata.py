@@ -22,7 +22,6 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import sys
 import time
 import unittest
@@ -44,38 +43,62 @@ def bodies():
              "max_tokens": 24 + 8 * i, "temperature": 0, "ignore_eos": True} for i in range(4)]
 
 
+class ChaosRounds(ProcessCluster):
+    """What both chaos tests check after each fault, and their tally."""
+
+    def chaos_setup(self, prefix):
+        self.cluster_setup(prefix)
+        self.errors, self.messages, self.recovery = 0, {}, []
+
+    def ends(self, futures, started):
+        """Each request's end: its text, or None after an error (counted); none may hang."""
+        texts = []
+        for f in futures:
+            try:
+                text, _, _, error = f.result(timeout=150)
+            except Exception as e:  # noqa: BLE001 - a broken connection is an end
+                text, error = None, {"message": f"{type(e).__name__}: {e}"}
+            self.assertLess(time.monotonic() - started, 150, "a request hung")
+            if error is not None:
+                text = None
+                self.errors += 1
+                msg = str(error.get("message", ""))[:80]
+                self.messages[msg] = self.messages.get(msg, 0) + 1
+            texts.append(text)
+        return texts
+
+    def recovered(self, http_port, serves, processes, back, round_no, prefill=1):
+        """The cluster serves again (timed from `back`), every process is up, the workers are
+        healthy and no KV reservation is left."""
+        wait_for(serves, 60, f"the cluster to serve again after round {round_no}")
+        self.recovery.append(time.monotonic() - back)
+        wait_for(lambda: self.workers_healthy(http_port, prefill=prefill), 60,
+                 f"the workers healthy after round {round_no}")
+        for p in processes:
+            self.assertIsNone(p.poll(), "a process died:\n" + self.logs())
+        wait_for(lambda: metric(scrape(http_port), "tandem_kv_blocks_reserved") == 0, 30,
+                 "no KV reservation left")
+
+    def summary(self, what, completed, total, extra=""):
+        r = sorted(self.recovery)
+        print(f"\nchaos ({what}): {ROUNDS} rounds, {completed}/{total} completed with the "
+              f"fault-free text, {self.errors} ended with an error {self.messages}{extra}; "
+              f"serving again {r[len(r) // 2]:.1f} s (median), {r[-1]:.1f} s (max) after the "
+              f"fault ended", file=sys.stderr)
+        self.assertEqual(completed + self.errors, total)
+
+
 @unittest.skipUnless(shutil.which("etcd"), "needs etcd")
-class MetadataChaos(ProcessCluster, unittest.TestCase):
+class MetadataChaos(ChaosRounds, unittest.TestCase):
     def setUp(self):
-        self.cluster_setup("tandem-chaos-etcd-")
-        self.client_port, self.peer_port = free_port(), free_port()
+        self.chaos_setup("tandem-chaos-etcd-")
 
     def tearDown(self):
         self.cluster_teardown()
 
-    def start_etcd_here(self):
-        """etcd on this test's fixed ports and data directory (a restart finds its data)."""
-        c, p = self.client_port, self.peer_port
-        proc = self.start("etcd", "etcd", "--data-dir", os.path.join(self.tmp, "etcd"),
-                          "--listen-client-urls", f"http://127.0.0.1:{c}",
-                          "--advertise-client-urls", f"http://127.0.0.1:{c}",
-                          "--listen-peer-urls", f"http://127.0.0.1:{p}",
-                          "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
-                          "--initial-cluster", f"default=http://127.0.0.1:{p}")
-
-        def answers():
-            try:
-                socket.create_connection(("127.0.0.1", c), timeout=1).close()
-                return True
-            except OSError:
-                return False
-        wait_for(answers, 30, "etcd")
-        return proc
-
     def test_etcd_killed_or_stopped_under_load_loses_nothing(self):
         http_port = free_port()
-        etcd = self.start_etcd_here()
-        uri = f"etcd://127.0.0.1:{self.client_port}"
+        uri = self.start_etcd(free_port)
         common = ["--metadata", uri, "--model", MODEL, "--threads", "1", "--kv-cache-tokens", "4096"]
         workers = [self.start("prefill", BIN, "worker", "--role", "prefill", "--name", "prefill-c",
                               *common),
@@ -85,27 +108,19 @@ class MetadataChaos(ProcessCluster, unittest.TestCase):
                                "--port", str(http_port), "--served-model-name", MODEL_NAME,
                                "--max-model-len", "1024")
         server = Base(http_port)
-
-        def healthy():
-            try:
-                m = scrape(http_port)
-            except OSError:
-                return False
-            return (m.get('tandem_workers{role="decode",state="healthy"}') == 1
-                    and m.get('tandem_workers{role="prefill",state="healthy"}') == 1)
+        reqs = bodies()
 
         def serves():
             try:
-                text, finish, _, error = stream(server, "/v1/completions", reqs[0], 30)
+                text, _, _, error = stream(server, "/v1/completions", reqs[0], 30)
                 return error is None and text == baseline[0]
             except OSError:
                 return False
 
-        completed = errors = 0
-        recovery, messages = [], {}
+        completed = 0
         try:
-            wait_for(healthy, 90, "both workers to join the conductor")
-            reqs = bodies()
+            wait_for(lambda: self.workers_healthy(http_port), 90,
+                     "both workers to join the conductor")
             with concurrent.futures.ThreadPoolExecutor(len(reqs)) as pool:
                 baseline = [r[0] for r in pool.map(
                     lambda b: stream(server, "/v1/completions", b, 120), reqs)]
@@ -117,50 +132,29 @@ class MetadataChaos(ProcessCluster, unittest.TestCase):
                                for b in reqs]
                     time.sleep(0.5)
                     if fault == "kill":
-                        etcd.send_signal(signal.SIGKILL)
-                        etcd.wait(timeout=10)
+                        self.etcd.send_signal(signal.SIGKILL)
+                        self.etcd.wait(timeout=10)
                     else:
-                        etcd.send_signal(signal.SIGSTOP)
+                        self.etcd.send_signal(signal.SIGSTOP)
                     # More requests while etcd is away.
                     futures += [pool.submit(stream, server, "/v1/completions", b, 120)
                                 for b in reqs]
                     if fault == "kill":
                         time.sleep(1.5)
-                        etcd = self.start_etcd_here()
+                        self.restart_etcd()
                     else:
                         time.sleep(2.0 if fault == "stop" else 8.0)
-                        etcd.send_signal(signal.SIGCONT)
+                        self.etcd.send_signal(signal.SIGCONT)
                     back = time.monotonic()
-                    for k, f in enumerate(futures):
-                        i = k % len(reqs)
-                        try:
-                            text, finish, _, error = f.result(timeout=150)
-                        except Exception as e:  # noqa: BLE001 - a broken connection is an end
-                            text, error = None, {"message": f"{type(e).__name__}: {e}"}
-                        self.assertLess(time.monotonic() - started, 150, "a request hung")
-                        if error is None:
-                            self.assertEqual(text, baseline[i], f"round {round_no} request {i}")
+                    for k, text in enumerate(self.ends(futures, started)):
+                        if text is not None:
+                            self.assertEqual(text, baseline[k % len(reqs)], f"round {round_no}")
                             completed += 1
-                        else:
-                            errors += 1
-                            msg = str(error.get("message", ""))[:80]
-                            messages[msg] = messages.get(msg, 0) + 1
-                wait_for(serves, 60, f"the cluster to serve again after round {round_no}")
-                recovery.append(time.monotonic() - back)
-                wait_for(healthy, 60, f"both workers healthy after round {round_no}")
-                for p in [conductor, *workers]:
-                    self.assertIsNone(p.poll(), "a process died:\n" + self.logs())
-                wait_for(lambda: metric(scrape(http_port), "tandem_kv_blocks_reserved") == 0, 30,
-                         "no KV reservation left")
+                self.recovered(http_port, serves, [conductor, *workers], back, round_no)
             if ROUNDS >= 3:  # a stop past the TTL ran: the workers' leases expired and came back
                 for name in ("prefill", "decode"):
                     self.assertIn("expired; granting a new one", self.log(name))
-            total = ROUNDS * 2 * len(bodies())
-            print(f"\nchaos (etcd): {ROUNDS} rounds, {completed}/{total} completed with the "
-                  f"fault-free text, {errors} ended with an error {messages}; serving again "
-                  f"{sorted(recovery)[len(recovery) // 2]:.1f} s (median), {max(recovery):.1f} s "
-                  f"(max) after etcd was back", file=sys.stderr)
-            self.assertEqual(completed + errors, total)
+            self.summary("etcd", completed, ROUNDS * 2 * len(reqs))
         except AssertionError:
             raise AssertionError(self.logs())
 
@@ -174,9 +168,9 @@ def pool_prompt(round_no, i):
 
 
 @unittest.skipUnless(shutil.which("etcd"), "needs etcd")
-class PoolChaos(ProcessCluster, unittest.TestCase):
+class PoolChaos(ChaosRounds, unittest.TestCase):
     def setUp(self):
-        self.cluster_setup("tandem-chaos-pool-")
+        self.chaos_setup("tandem-chaos-pool-")
 
     def tearDown(self):
         self.cluster_teardown()
@@ -204,21 +198,17 @@ class PoolChaos(ProcessCluster, unittest.TestCase):
                                "--placement-policy", "load-balance")
         server = Base(http_port)
 
-        def healthy():
+        def serves():
             try:
-                m = scrape(http_port)
+                return stream(server, "/v1/completions", pool_prompt(99, 0), 60)[3] is None
             except OSError:
                 return False
-            return (m.get('tandem_workers{role="decode",state="healthy"}') == 1
-                    and m.get('tandem_workers{role="prefill",state="healthy"}') == 2)
 
         results = {}  # (round, i) -> text, for the requests that completed
-        errors = 0
-        messages, recovery = {}, []
         try:
-            wait_for(healthy, 120, "the workers to join the conductor")
+            wait_for(lambda: self.workers_healthy(http_port, prefill=2), 120,
+                     "the workers to join the conductor")
             for round_no in range(ROUNDS):
-                kill_master = round_no % 2 == 0
                 # The round's prefix reaches the pool first.
                 stream(server, "/v1/completions", pool_prompt(round_no, 0), 120)
                 with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -226,45 +216,24 @@ class PoolChaos(ProcessCluster, unittest.TestCase):
                     futures = [pool.submit(stream, server, "/v1/completions",
                                            pool_prompt(round_no, i), 120) for i in range(4)]
                     time.sleep(0.2)
-                    if kill_master:
+                    if round_no % 2 == 0:
                         active = next(m for m in masters if m.poll() is None)
                         active.send_signal(signal.SIGKILL)
                         active.wait(timeout=10)
                         masters.remove(active)
-                        name = f"master-{round_no + 3}"
-                        masters.append(self.start(name, BIN, "pool-master", "--metadata", etcd))
+                        masters.append(self.start(f"master-{round_no + 3}", BIN, "pool-master",
+                                                  "--metadata", etcd))
                     else:
                         store.send_signal(signal.SIGKILL)
                         store.wait(timeout=10)
                         time.sleep(1.0)
                         store = self.start("store", *store_args)
                     back = time.monotonic()
-                    for i, f in enumerate(futures):
-                        try:
-                            text, finish, _, error = f.result(timeout=150)
-                        except Exception as e:  # noqa: BLE001 - a broken connection is an end
-                            text, error = None, {"message": f"{type(e).__name__}: {e}"}
-                        self.assertLess(time.monotonic() - started, 150, "a request hung")
-                        if error is None:
+                    for i, text in enumerate(self.ends(futures, started)):
+                        if text is not None:
                             results[(round_no, i)] = text
-                        else:
-                            errors += 1
-                            msg = str(error.get("message", ""))[:80]
-                            messages[msg] = messages.get(msg, 0) + 1
-
-                def serves():
-                    try:
-                        _, _, _, error = stream(server, "/v1/completions", pool_prompt(99, 0), 60)
-                        return error is None
-                    except OSError:
-                        return False
-                wait_for(serves, 60, f"the cluster to serve again after round {round_no}")
-                recovery.append(time.monotonic() - back)
-                wait_for(healthy, 60, f"the workers healthy after round {round_no}")
-                for p in [conductor, *workers]:
-                    self.assertIsNone(p.poll(), "a process died:\n" + self.logs())
-                wait_for(lambda: metric(scrape(http_port), "tandem_kv_blocks_reserved") == 0, 30,
-                         "no KV reservation left")
+                self.recovered(http_port, serves, [conductor, *workers], back, round_no,
+                               prefill=2)
             # A master serves again (a standby took over).
             wait_for(lambda: metric(scrape(http_port), "tandem_kv_pool_master_up") == 1, 60,
                      "a pool master up")
@@ -276,12 +245,8 @@ class PoolChaos(ProcessCluster, unittest.TestCase):
             m = scrape(http_port)
             hits = metric(m, "tandem_kv_pool_hit_blocks_total", role="prefill")
             failures = metric(m, "tandem_kv_pool_fetch_failures_total", role="prefill")
-            total = ROUNDS * 4
-            print(f"\nchaos (pool): {ROUNDS} rounds, {len(results)}/{total} completed with the "
-                  f"fault-free text, {errors} ended with an error {messages}; pool hits "
-                  f"{hits:.0f} blocks, fetch failures {failures:.0f}; serving again {sorted(recovery)[len(recovery) // 2]:.1f} s "
-                  f"(median), {max(recovery):.1f} s (max) after the fault", file=sys.stderr)
-            self.assertEqual(len(results) + errors, total)
+            self.summary("pool", len(results), ROUNDS * 4,
+                         f"; pool hits {hits:.0f} blocks, fetch failures {failures:.0f}")
         except AssertionError:
             raise AssertionError(self.logs())
 
