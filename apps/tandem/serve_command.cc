@@ -30,6 +30,7 @@
 #include "server/http_server.h"
 #include "serving/local_backend.h"
 #include "store/pool.h"
+#include "structured/tool_call.h"
 #include "transfer/metadata.h"
 #include "worker_command.h"
 
@@ -111,6 +112,11 @@ void AddFrontDoorFlags(CLI::App* cmd, ServeFlags& f) {
                   "A Jinja chat template file used instead of the model file's "
                   "tokenizer.chat_template")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--tool-call-format", f.tool_call_format,
+                  "How the model writes tool calls when its chat template renders tools: auto "
+                  "(read from the template), hermes, llama3_json or mistral")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral"}))
+      ->capture_default_str();
   cmd->add_option("--request-timeout-s", f.request_timeout_s, "A request fails after this long")
       ->check(CLI::Range(0.1, 1e6))
       ->capture_default_str();
@@ -457,6 +463,9 @@ int RunServe(const ServeFlags& flags) {
   opts.max_model_len = max_model_len;
   opts.request_timeout_s = f.request_timeout_s;
   opts.http_threads = f.http_threads;
+  if (f.tool_call_format != "auto") {
+    opts.tool_call_format = structured::ToolFormatNamed(f.tool_call_format);
+  }
   const double kv_mib = KvMiB(kv_tokens, config, f);
 
   {

@@ -27,7 +27,8 @@ struct ServeFlags {
   // The first is the name responses carry by default; all are accepted and listed. Default: the
   // model file's stem.
   std::vector<std::string> served_model_names;
-  std::string chat_template_file;  // a Jinja chat template replacing the model file's
+  std::string chat_template_file;         // a Jinja chat template replacing the model file's
+  std::string tool_call_format = "auto";  // auto (the template's), hermes, llama3_json, mistral
   double request_timeout_s = 600;
   int http_threads = 8;  // handler threads of the front door
   // Scheduling and transfer settings, the colocated engine's and each worker's (passed on).

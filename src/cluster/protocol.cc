@@ -42,7 +42,8 @@ json SamplingJson(const engine::SamplingParams& s) {
           {"prompt_logprobs", s.prompt_logprobs},
           {"json_schema", s.json_schema},
           {"tool_mode", static_cast<int>(s.tool_mode)},
-          {"max_tool_calls", s.max_tool_calls}};
+          {"max_tool_calls", s.max_tool_calls},
+          {"tool_format", static_cast<int>(s.tool_format)}};
 }
 
 engine::SamplingParams SamplingFrom(const json& j) {
@@ -67,6 +68,10 @@ engine::SamplingParams SamplingFrom(const json& j) {
                                  : engine::SamplingParams::ToolMode::kNone;
   s.max_tool_calls =
       std::clamp(j.value("max_tool_calls", 1), 1, engine::SamplingParams::kMaxToolCalls);
+  const int tool_format = j.value("tool_format", 0);
+  s.tool_format = tool_format == 2   ? engine::SamplingParams::ToolFormat::kMistral
+                  : tool_format == 1 ? engine::SamplingParams::ToolFormat::kLlama3Json
+                                     : engine::SamplingParams::ToolFormat::kHermes;
   return s;
 }
 

@@ -34,6 +34,9 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   p.prompt_tokens = {1, 2, 3};
   p.sampling.temperature = 0.5f;
   p.sampling.seed = 7;
+  p.sampling.tool_mode = engine::SamplingParams::ToolMode::kAuto;
+  p.sampling.tool_format = engine::SamplingParams::ToolFormat::kMistral;
+  p.sampling.max_tool_calls = 3;
   p.timeout_ms = 1234;
   p.target = {"decode-0.17/kv", {5, 9}, 16, 30, 12288, "decode-0", 0, {-1, 3}, 98304, 512};
   auto p2 = PrefillCall::FromJson(p.ToJson());
@@ -45,6 +48,9 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(p2->target.window_tokens, 512);
   EXPECT_EQ(p2->sampling.seed, 7u);
   EXPECT_FLOAT_EQ(p2->sampling.temperature, 0.5f);
+  EXPECT_EQ(p2->sampling.tool_mode, engine::SamplingParams::ToolMode::kAuto);
+  EXPECT_EQ(p2->sampling.tool_format, engine::SamplingParams::ToolFormat::kMistral);
+  EXPECT_EQ(p2->sampling.max_tool_calls, 3);
 
   DecodeEvent finish;
   finish.kind = DecodeEvent::Kind::kFinish;

@@ -51,9 +51,15 @@ struct SamplingParams {
   // of; empty: none. The front door compiles it before submitting (a bad schema is a 400).
   std::string json_schema = {};
   // Tool calls (structured/tool_call.h): json_schema is then the schema of one call, and the
-  // answer is a call inside the tool-call tags (kRequired) or either that or a message (kAuto).
+  // answer is calls in tool_format (kRequired) or either that or a message (kAuto).
   enum class ToolMode { kNone, kAuto, kRequired };
   ToolMode tool_mode = ToolMode::kNone;
+  // How a call is written (structured/tool_call.h ToolCallSyntaxOf): the format the model's chat
+  // template asks for. kHermes: <tool_call>{"name", "arguments"}</tool_call> per call;
+  // kLlama3Json: bare {"name", "parameters"} objects separated by ';'; kMistral: [TOOL_CALLS]
+  // followed by a JSON array of {"name", "arguments"}.
+  enum class ToolFormat { kHermes, kLlama3Json, kMistral };
+  ToolFormat tool_format = ToolFormat::kHermes;
   // Tool mode: the most calls one answer may make, one after another (OpenAI's
   // parallel_tool_calls); 1..kMaxToolCalls.
   static constexpr int kMaxToolCalls = 8;

@@ -62,6 +62,7 @@ StatusOr<ChatTemplate> ChatTemplate::Parse(const std::string& template_text, std
   ChatTemplate t;
   t.kind_ = Kind::kJinja;
   t.jinja_ = std::make_shared<const jinja::Template>(std::move(*parsed));
+  t.source_ = template_text;
   t.bos_token_ = std::move(bos_token);
   t.eos_token_ = std::move(eos_token);
   t.strip_leading_bos_ = tokenizer_adds_bos && !t.bos_token_.empty();

@@ -56,11 +56,14 @@ class ChatTemplate {
   // Whether the template renders tools itself (reads a variable named `tools`).
   bool reads_tools() const;
   Kind kind() const { return kind_; }
+  // The Jinja text it was parsed from (empty for Gemma()).
+  const std::string& source() const { return source_; }
 
  private:
   ChatTemplate() = default;
   Kind kind_ = Kind::kGemma;
   std::shared_ptr<const jinja::Template> jinja_;  // kJinja; immutable, shared by copies
+  std::string source_;
   std::string bos_token_, eos_token_;
   bool strip_leading_bos_ = false;
 };

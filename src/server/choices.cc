@@ -123,7 +123,7 @@ std::optional<ChoiceSet::Whole> ChoiceSet::TryCollectWhole(Clock::time_point giv
 std::vector<ToolCallOut> ChoiceSet::CallsOf(const ChoiceRun& run) const {
   std::vector<ToolCallOut> out;
   if (!ctx_.tools || run.info.reason != FinishReason::kStop) return out;
-  auto calls = structured::ParseToolCalls(run.text);
+  auto calls = structured::ParseToolCalls(run.text, ctx_.tool_format);
   if (!calls) return out;
   for (const structured::ParsedToolCall& c : *calls) {
     out.push_back({NewToolCallId(), c.name, c.arguments_json});
@@ -135,7 +135,7 @@ bool ChoiceSet::SendToolModeText(ChoiceRun& run, RequestSink::Taken& t,
                                  const std::function<bool(const std::string&)>& send) {
   if (run.message) return SendNews(run, t, send);
   run.text += t.text;
-  if (structured::MayBeToolCall(run.text)) {
+  if (structured::MayBeToolCall(run.text, ctx_.tool_format)) {
     // Still possibly a call: hold the text, send only the logprobs.
     t.text.clear();
     return SendNews(run, t, send);

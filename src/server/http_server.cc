@@ -14,6 +14,7 @@
 #include "server/http_util.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "server/openai_tools.h"
 #include "server/request_sink.h"
 #include "server/response_pump.h"
 #include "server/tokenize.h"
@@ -61,6 +62,7 @@ class HttpServer::Impl {
     limits_.served_model_name = options_.served_model_name;
     limits_.aliases = options_.model_aliases;
     limits_.max_model_len = options_.max_model_len;
+    limits_.tool_format = ToolFormatFor(model_.chat_template, options_.tool_call_format);
     http_door::DoorOptions door;
     door.host = options_.host;
     door.port = options_.port;
@@ -365,7 +367,8 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const Request& req,
                       parsed.model,
                       parsed.include_usage,
                       parsed.sampling.logprobs >= 0,
-                      parsed.sampling.tool_mode != engine::SamplingParams::ToolMode::kNone};
+                      parsed.sampling.tool_mode != engine::SamplingParams::ToolMode::kNone,
+                      parsed.sampling.tool_format};
   auto choices = std::make_shared<ChoiceSet>(ctx, std::move(runs), parsed.n, doorbell);
   const Status st = choices->Submit(backend_, deadline);
   if (!st.ok()) {

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -54,6 +55,10 @@ struct ServerOptions {
   size_t max_connections = 0;              // open at once; 0: from the descriptor limit
   int http_threads = 8;                    // handler threads (connections need none)
   double status_interval_s = 10;           // the periodic status line; <= 0: none
+  // How the model writes tool calls, for chat templates that render tools themselves; nullopt:
+  // read from the template (structured::ToolFormatOfTemplate). Templates that do not render
+  // tools get tandem's own offer, in the Hermes format, whatever this says.
+  std::optional<engine::SamplingParams::ToolFormat> tool_call_format;
 };
 
 struct ModelInfo {

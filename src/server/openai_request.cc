@@ -389,7 +389,7 @@ uint64_t RandomSeed() {
 // body_text: the body as sent, for the tools' parameters in their key order (the order chat
 // templates show them in; `body` sorts keys).
 std::optional<ApiError> ParseTools(const json& body, std::string_view body_text, Endpoint endpoint,
-                                   ParsedRequest* out) {
+                                   engine::SamplingParams::ToolFormat format, ParsedRequest* out) {
   if (const json* v = Field(body, "functions")) {
     if (!v->is_array()) return WrongType("functions", "an array", *v);
     if (!v->empty()) return Unsupported("functions", "the deprecated 'functions' (use 'tools')");
@@ -506,8 +506,10 @@ std::optional<ApiError> ParseTools(const json& body, std::string_view body_text,
   }
   std::vector<structured::ToolSpec> specs;
   for (const auto& d : callable) specs.push_back({d.name, d.parameters_json});
-  out->sampling.json_schema = structured::ToolCallSchema(specs);
+  out->sampling.json_schema =
+      structured::ToolCallSchema(specs, structured::ToolCallSyntaxOf(format).arguments_key);
   out->sampling.tool_mode = mode;
+  out->sampling.tool_format = format;
   // Several calls in one answer unless the client says not, or names the one function to call.
   const bool named = choice != nullptr && choice->is_object();
   out->sampling.max_tool_calls = parallel && !named ? engine::SamplingParams::kMaxToolCalls : 1;
@@ -611,7 +613,7 @@ std::optional<ApiError> ParseRequest(Endpoint endpoint, std::string_view body_te
     if (auto e = RejectUnsupported(body, endpoint)) return e;
     if (auto e = ParseOutputControls(body, endpoint, limits, out)) return e;
     if (auto e = ParseResponseFormat(body, &out->sampling)) return e;
-    if (auto e = ParseTools(body, body_text, endpoint, out)) return e;
+    if (auto e = ParseTools(body, body_text, endpoint, limits.tool_format, out)) return e;
     const int64_t choices = int64_t{out->n} * std::max<int64_t>(1, out->prompts.size());
     if (choices > kMaxChoicesPerRequest) {
       return ApiError::BadRequest("n times the number of prompts may be at most " +

@@ -29,6 +29,8 @@ struct ProtocolLimits {
   int max_model_len = 2048;          // tokens: prompt + completion at most
   int max_n = 16;                    // choices per request (n) at most
   int max_prompts = 16;              // prompts per completions request at most
+  // How the model writes tool calls (structured/tool_call.h): its chat template's format.
+  engine::SamplingParams::ToolFormat tool_format = engine::SamplingParams::ToolFormat::kHermes;
 };
 
 // Most choices (n) times prompts one request may ask for.

@@ -25,6 +25,7 @@ struct ResponseContext {
   bool include_usage = false;  // stream_options.include_usage: chunks carry "usage": null
   bool logprobs = false;       // choices carry a logprobs object (else "logprobs": null)
   bool tools = false;          // chat answers may be tool calls
+  engine::SamplingParams::ToolFormat tool_format = engine::SamplingParams::ToolFormat::kHermes;
 };
 
 // One function call of an answer (OpenAI's tool_calls entry).

@@ -20,9 +20,9 @@ constexpr const char* kToolsPreamble =
 std::string RenderToolCall(const std::string& name, const std::string& arguments_json) {
   json args = json::parse(arguments_json, nullptr, /*allow_exceptions=*/false);
   if (args.is_discarded()) args = json::object();
-  return std::string(structured::kToolCallOpen) + "\n" +
-         json{{"name", name}, {"arguments", args}}.dump() + "\n" +
-         std::string(structured::kToolCallClose);
+  const auto& hermes = structured::ToolCallSyntaxOf(structured::ToolFormat::kHermes);
+  return std::string(hermes.call_open) + "\n" + json{{"name", name}, {"arguments", args}}.dump() +
+         "\n" + std::string(hermes.call_close);
 }
 
 std::string RenderToolResult(const std::string& content) {
@@ -77,6 +77,16 @@ StatusOr<std::string> RenderChatPrompt(const model::ChatTemplate& chat_template,
     m.tool_call_id.clear();
   }
   return chat_template.Apply(WithToolsOffered(inline_calls, tools), add_generation_prompt);
+}
+
+engine::SamplingParams::ToolFormat ToolFormatFor(
+    const model::ChatTemplate* chat_template,
+    std::optional<engine::SamplingParams::ToolFormat> chosen) {
+  if (chat_template == nullptr || !chat_template->reads_tools()) {
+    return engine::SamplingParams::ToolFormat::kHermes;
+  }
+  if (chosen) return *chosen;
+  return structured::ToolFormatOfTemplate(chat_template->source());
 }
 
 std::string NewToolCallId() {

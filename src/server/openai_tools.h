@@ -8,9 +8,11 @@
 //   tool:      <tool_response>\n...\n</tool_response>
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "engine/sampling_params.h"
 #include "model/chat_template.h"
 #include "server/openai_request.h"
 
@@ -32,6 +34,12 @@ StatusOr<std::string> RenderChatPrompt(const model::ChatTemplate& chat_template,
                                        const std::vector<model::ChatMessage>& messages,
                                        const std::vector<ToolDefinition>& tools,
                                        bool add_generation_prompt);
+// The format the model writes calls in: for a template that renders tools itself, `chosen` when
+// given (serve --tool-call-format), else the template's own (structured::ToolFormatOfTemplate);
+// for any other template (or none) the Hermes format of the offer above.
+engine::SamplingParams::ToolFormat ToolFormatFor(
+    const model::ChatTemplate* chat_template,
+    std::optional<engine::SamplingParams::ToolFormat> chosen);
 // "call_" + 24 hex digits; thread-safe.
 std::string NewToolCallId();
 

@@ -26,8 +26,19 @@ bool AnythingGoes(const M& m) {
   }
 }
 
+// Whether only the end may follow: a JSON value that is closed; a tool-mode answer whose calls
+// are all made (ToolCallMatcher::Ended; after a call another may follow).
+template <typename M>
+bool OnlyTheEnd(const M& m) {
+  if constexpr (requires { m.Ended(); }) {
+    return m.Ended();
+  } else {
+    return m.Closed();
+  }
+}
+
 // A constraint over a byte matcher M (JsonMatcher, ToolCallMatcher): Feed, FeedAll, Complete,
-// Closed, WouldAccept(bytes, scratch).
+// Closed (or Ended), WouldAccept(bytes, scratch).
 template <typename M>
 class ByteConstraint final : public engine::TokenConstraint {
  public:
@@ -38,7 +49,7 @@ class ByteConstraint final : public engine::TokenConstraint {
     if (token < 0 || static_cast<size_t>(token) >= table_->first_byte.size()) return false;
     const int16_t first = table_->first_byte[token];
     if (first == TokenTable::kEndToken) return broken_ || matcher_.Complete();
-    if (first == TokenTable::kNeverToken || broken_ || matcher_.Closed()) return false;
+    if (first == TokenTable::kNeverToken || broken_ || OnlyTheEnd(matcher_)) return false;
     if (AnythingGoes(matcher_)) return true;
     EnsureFirstBytes();
     if (!first_bytes_[first]) return false;
@@ -51,7 +62,7 @@ class ByteConstraint final : public engine::TokenConstraint {
   void Restrict(std::span<float> weights) const override {
     const size_t n = std::min(weights.size(), table_->first_byte.size());
     for (size_t t = n; t < weights.size(); ++t) weights[t] = 0;
-    if (broken_ || matcher_.Closed()) {
+    if (broken_ || OnlyTheEnd(matcher_)) {
       for (size_t t = 0; t < n; ++t) {
         if (table_->first_byte[t] != TokenTable::kEndToken) weights[t] = 0;
       }
@@ -102,7 +113,7 @@ class ByteConstraint final : public engine::TokenConstraint {
     if (broken_ || !matcher_.FeedAll(table_->pieces[token])) broken_ = true;
   }
 
-  bool Finished() const override { return matcher_.Closed(); }
+  bool Finished() const override { return OnlyTheEnd(matcher_); }
 
  private:
   // Most states allow few first bytes: a table of them (256 trials, once per position) turns
@@ -240,9 +251,10 @@ std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
 
 std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
     std::shared_ptr<const Schema> call_schema, bool required,
-    std::shared_ptr<const TokenTable> table, int max_calls) {
+    std::shared_ptr<const TokenTable> table, int max_calls,
+    engine::SamplingParams::ToolFormat format) {
   return std::make_unique<ByteConstraint<ToolCallMatcher>>(
-      std::move(table), ToolCallMatcher(std::move(call_schema), required, max_calls));
+      std::move(table), ToolCallMatcher(std::move(call_schema), required, max_calls, format));
 }
 
 StatusOr<std::unique_ptr<engine::TokenConstraint>> MakeConstraint(
@@ -254,7 +266,7 @@ StatusOr<std::unique_ptr<engine::TokenConstraint>> MakeConstraint(
   using ToolMode = engine::SamplingParams::ToolMode;
   if (sampling.tool_mode == ToolMode::kNone) return MakeJsonConstraint(std::move(schema), table());
   return MakeToolCallConstraint(std::move(schema), sampling.tool_mode == ToolMode::kRequired,
-                                table(), sampling.max_tool_calls);
+                                table(), sampling.max_tool_calls, sampling.tool_format);
 }
 
 }  // namespace tandem::structured

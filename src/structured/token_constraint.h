@@ -49,11 +49,12 @@ struct TokenTable {
 std::unique_ptr<engine::TokenConstraint> MakeJsonConstraint(
     std::shared_ptr<const Schema> schema, std::shared_ptr<const TokenTable> table);
 
-// Tool mode (structured/tool_call.h): the answer is 1 to max_calls calls of `call_schema`, each
-// inside the tool-call tags, or (unless `required`) a message.
+// Tool mode (structured/tool_call.h): the answer is 1 to max_calls calls of `call_schema`
+// written in `format`, or (unless `required`) a message.
 std::unique_ptr<engine::TokenConstraint> MakeToolCallConstraint(
     std::shared_ptr<const Schema> call_schema, bool required,
-    std::shared_ptr<const TokenTable> table, int max_calls = 1);
+    std::shared_ptr<const TokenTable> table, int max_calls = 1,
+    engine::SamplingParams::ToolFormat format = engine::SamplingParams::ToolFormat::kHermes);
 
 // The constraint a request's sampling settings ask for: none (nullptr) without a json_schema,
 // else the schema's (json_schema) or, in tool mode, the tool call's. InvalidArgument when the

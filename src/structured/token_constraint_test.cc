@@ -9,6 +9,7 @@
 
 #include "model/tokenizer_test_util.h"
 #include "structured/json_matcher.h"
+#include "structured/tool_call.h"
 
 namespace tandem::structured {
 namespace {
@@ -89,6 +90,41 @@ TEST_F(TokenConstraintTest, EndTokensOnlyOnceComplete) {
   EXPECT_TRUE(c->Allows(eos));
   EXPECT_TRUE(c->Finished());
   EXPECT_FALSE(c->Allows(tokenizer_->Encode("x", false, false)[0]));
+}
+
+// After a whole call, the answer may end or make another call up to the limit (a format with a
+// closing part, Mistral's ']', must write it); once the last call is whole only the end remains.
+TEST_F(TokenConstraintTest, CallsFollowCallsUpToTheLimit) {
+  auto schema = CompileSchema(ToolCallSchema({{"f", R"({"type":"object","properties":{}})"}}));
+  ASSERT_TRUE(schema.ok()) << schema.status().ToString();
+  const int32_t eos = tokenizer_->eos_id();
+  const std::string hermes_call = R"(<tool_call>{"name":"f","arguments":{}}</tool_call>)";
+  const std::string mistral_call = R"({"name":"f","arguments":{}})";
+  struct Case {
+    ToolFormat format;
+    std::string first, more, last;  // after `first`: `more` is a second call; `last` ends
+  };
+  for (const Case& k :
+       {Case{ToolFormat::kHermes, hermes_call, hermes_call, ""},
+        Case{ToolFormat::kMistral, "[TOOL_CALLS][" + mistral_call, "," + mistral_call, "]"}}) {
+    SCOPED_TRACE(std::string(ToolFormatName(k.format)));
+    auto c = MakeToolCallConstraint(*schema, /*required=*/true, table_, /*max_calls=*/2, k.format);
+    for (int32_t t : tokenizer_->Encode(k.first, false, false)) {
+      ASSERT_TRUE(c->Allows(t));
+      c->Accept(t);
+    }
+    EXPECT_FALSE(c->Finished());
+    EXPECT_EQ(c->Allows(eos), k.last.empty());
+    for (int32_t t : tokenizer_->Encode(k.more + k.last, false, false)) {
+      ASSERT_TRUE(c->Allows(t));
+      c->Accept(t);
+    }
+    EXPECT_TRUE(c->Finished());  // two calls: the limit
+    EXPECT_TRUE(c->Allows(eos));
+    auto one = MakeToolCallConstraint(*schema, /*required=*/true, table_, 1, k.format);
+    for (int32_t t : tokenizer_->Encode(k.first + k.last, false, false)) one->Accept(t);
+    EXPECT_TRUE(one->Finished());
+  }
 }
 
 }  // namespace

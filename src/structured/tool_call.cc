@@ -14,9 +14,86 @@ std::string_view TrimLeft(std::string_view s) {
   return s;
 }
 
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// Removes leading whitespace and then `part` (nothing when part is empty); false when the text
+// does not continue with it.
+bool Consume(std::string_view* text, std::string_view part) {
+  if (part.empty()) return true;
+  *text = TrimLeft(*text);
+  if (!StartsWith(*text, part)) return false;
+  text->remove_prefix(part.size());
+  return true;
+}
+
+// The JSON object `text` begins with (after whitespace), and its length: the shortest prefix
+// ending in '}' that parses (a '}' inside a string leaves the prefix unparsable).
+std::optional<json> LeadingObject(std::string_view* text) {
+  *text = TrimLeft(*text);
+  if (text->empty() || text->front() != '{') return std::nullopt;
+  for (size_t close = text->find('}'); close != std::string_view::npos;
+       close = text->find('}', close + 1)) {
+    json j = json::parse(text->substr(0, close + 1), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) {
+      text->remove_prefix(close + 1);
+      return j;
+    }
+  }
+  return std::nullopt;
+}
+
+constexpr ToolCallSyntax kHermesSyntax{"", "", "<tool_call>", "</tool_call>", "", "", "arguments"};
+constexpr ToolCallSyntax kLlama3JsonSyntax{"", "", "", "", ";", "", "parameters"};
+constexpr ToolCallSyntax kMistralSyntax{"[TOOL_CALLS]", "[", "", "", ",", "]", "arguments"};
+
+// The first literal part of an answer that calls ("{" where the syntax has none).
+std::string_view LeadPart(const ToolCallSyntax& s) {
+  for (std::string_view p : {s.begin, s.list_open, s.call_open}) {
+    if (!p.empty()) return p;
+  }
+  return "{";
+}
+
 }  // namespace
 
-std::string ToolCallSchema(const std::vector<ToolSpec>& tools) {
+const ToolCallSyntax& ToolCallSyntaxOf(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::kLlama3Json: return kLlama3JsonSyntax;
+    case ToolFormat::kMistral: return kMistralSyntax;
+    case ToolFormat::kHermes: break;
+  }
+  return kHermesSyntax;
+}
+
+ToolFormat ToolFormatOfTemplate(std::string_view text) {
+  if (text.find("[TOOL_CALLS]") != std::string_view::npos) return ToolFormat::kMistral;
+  if (text.find("<tool_call>") != std::string_view::npos) return ToolFormat::kHermes;
+  if (text.find("<|python_tag|>") != std::string_view::npos ||
+      text.find("\"parameters\"") != std::string_view::npos) {
+    return ToolFormat::kLlama3Json;
+  }
+  return ToolFormat::kHermes;
+}
+
+std::string_view ToolFormatName(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::kLlama3Json: return "llama3_json";
+    case ToolFormat::kMistral: return "mistral";
+    case ToolFormat::kHermes: break;
+  }
+  return "hermes";
+}
+
+std::optional<ToolFormat> ToolFormatNamed(std::string_view name) {
+  for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3Json, ToolFormat::kMistral}) {
+    if (ToolFormatName(f) == name) return f;
+  }
+  return std::nullopt;
+}
+
+std::string ToolCallSchema(const std::vector<ToolSpec>& tools, std::string_view arguments_key) {
   json names = json::array(), variants = json::array();
   for (const ToolSpec& t : tools) {
     names.push_back(t.name);
@@ -24,72 +101,100 @@ std::string ToolCallSchema(const std::vector<ToolSpec>& tools) {
     if (params.is_discarded()) params = json::object();
     variants.push_back(std::move(params));
   }
+  const std::string key(arguments_key);
   const json schema = {
       {"type", "object"},
-      {"properties", {{"name", {{"enum", names}}}, {"arguments", {{"type", "object"}}}}},
-      {"required", {"name", "arguments"}},
+      {"properties", {{"name", {{"enum", names}}}, {key, {{"type", "object"}}}}},
+      {"required", {"name", key}},
       {"additionalProperties", false},
       {"x-tandem-ordered", true},
-      {"x-tandem-variants", {{"on", "name"}, {"property", "arguments"}, {"schemas", variants}}}};
+      {"x-tandem-variants", {{"on", "name"}, {"property", key}, {"schemas", variants}}}};
   return schema.dump();
 }
 
 ToolCallMatcher::ToolCallMatcher(std::shared_ptr<const Schema> call_schema, bool required,
-                                 int max_calls)
+                                 int max_calls, ToolFormat format)
     : required_(required),
       max_calls_(max_calls),
+      syntax_(&ToolCallSyntaxOf(format)),
       schema_(call_schema),
       json_(std::move(call_schema)) {}
 
-bool ToolCallMatcher::Whitespace() { return ++ws_ <= kMaxWhitespaceRun; }
+bool ToolCallMatcher::Whitespace() { return ++state_.ws <= kMaxWhitespaceRun; }
+
+void ToolCallMatcher::Enter(Phase phase) {
+  state_.phase = phase;
+  state_.ws = 0;
+  if (phase == Phase::kAfterCall) ++state_.calls;  // the call's last part is done
+}
+
+void ToolCallMatcher::StartLiterals(std::initializer_list<std::string_view> parts, Phase then) {
+  state_.num_parts = 0;
+  for (std::string_view p : parts) {
+    if (!p.empty()) state_.parts[state_.num_parts++] = p;
+  }
+  state_.part = 0;
+  state_.pos = 0;
+  state_.after_literals = then;
+  Enter(state_.num_parts == 0 ? then : Phase::kLiterals);
+}
+
+bool ToolCallMatcher::FeedLiteral(unsigned char c) {
+  if (state_.pos == 0 && IsSpace(c)) return Whitespace();  // before or between parts
+  const std::string_view part = state_.parts[state_.part];
+  if (c != static_cast<unsigned char>(part[state_.pos])) {
+    // Before the first call is certain, an answer that leaves the syntax is a message.
+    if (required_ || state_.calls > 0 || state_.after_literals != Phase::kJson) return false;
+    Enter(Phase::kFree);
+    return true;
+  }
+  state_.ws = 0;
+  if (++state_.pos < part.size()) return true;
+  state_.pos = 0;
+  if (++state_.part == state_.num_parts) Enter(state_.after_literals);
+  return true;
+}
+
+bool ToolCallMatcher::StartJson(unsigned char c) {
+  json_ = JsonMatcher(schema_);
+  Enter(Phase::kJson);
+  return json_.Feed(c);
+}
 
 bool ToolCallMatcher::Feed(unsigned char c) {
-  switch (phase_) {
+  const ToolCallSyntax& syn = *syntax_;
+  switch (state_.phase) {
     case Phase::kFree: return true;
     case Phase::kLead:
       if (IsSpace(c)) return Whitespace();
-      ws_ = 0;
-      if (c == static_cast<unsigned char>(kToolCallOpen[0])) {
-        phase_ = Phase::kOpen;
-        pos_ = 1;
-        return true;
-      }
+      StartLiterals({syn.begin, syn.list_open, syn.call_open}, Phase::kJson);
+      if (state_.phase == Phase::kLiterals) return FeedLiteral(c);
+      if (c == '{') return StartJson(c);
       if (required_) return false;
-      phase_ = Phase::kFree;
+      Enter(Phase::kFree);
       return true;
-    case Phase::kOpen:
-      if (c == static_cast<unsigned char>(kToolCallOpen[pos_])) {
-        if (++pos_ == kToolCallOpen.size()) phase_ = Phase::kJson;
-        return true;
-      }
-      if (required_ || calls_ > 0) return false;
-      phase_ = Phase::kFree;  // a message that begins like the tag
-      return true;
+    case Phase::kLiterals: return FeedLiteral(c);
     case Phase::kJson:
       if (!json_.Feed(c)) return false;
-      if (json_.Closed() && !IsSpace(c)) {
-        phase_ = Phase::kClose;
-        pos_ = 0;
-        ws_ = 0;
-      }
+      // The byte that closes the call's object ends the JSON; what follows is the syntax's.
+      if (json_.Closed() && !IsSpace(c)) StartLiterals({syn.call_close}, Phase::kAfterCall);
       return true;
-    case Phase::kClose:
-      if (pos_ == 0 && IsSpace(c)) return Whitespace();
-      if (c != static_cast<unsigned char>(kToolCallClose[pos_])) return false;
-      if (++pos_ == kToolCallClose.size()) {
-        phase_ = Phase::kDone;
-        ws_ = 0;
-        ++calls_;
-      }
-      return true;
-    case Phase::kDone:
+    case Phase::kAfterCall: {
       if (IsSpace(c)) return Whitespace();
-      if (calls_ >= max_calls_ || c != static_cast<unsigned char>(kToolCallOpen[0])) return false;
-      phase_ = Phase::kOpen;  // the next call
-      pos_ = 1;
-      ws_ = 0;
-      json_ = JsonMatcher(schema_);
-      return true;
+      const std::string_view next = !syn.separator.empty() ? syn.separator : syn.call_open;
+      if (!next.empty() && c == static_cast<unsigned char>(next[0])) {
+        if (state_.calls >= max_calls_) return false;
+        json_ = JsonMatcher(schema_);
+        StartLiterals({syn.separator, syn.call_open}, Phase::kJson);
+        return FeedLiteral(c);
+      }
+      if (!syn.end.empty() && c == static_cast<unsigned char>(syn.end[0])) {
+        StartLiterals({syn.end}, Phase::kDone);
+        return FeedLiteral(c);
+      }
+      return false;
+    }
+    case Phase::kDone: return IsSpace(c) && Whitespace();
   }
   return false;
 }
@@ -104,52 +209,60 @@ bool ToolCallMatcher::FeedAll(std::string_view bytes) {
 bool ToolCallMatcher::WouldAccept(std::string_view bytes, ToolCallMatcher* scratch) const {
   scratch->required_ = required_;
   scratch->max_calls_ = max_calls_;
-  scratch->calls_ = calls_;
+  scratch->syntax_ = syntax_;
   scratch->schema_ = schema_;
-  scratch->phase_ = phase_;
-  scratch->pos_ = pos_;
-  scratch->ws_ = ws_;
+  scratch->state_ = state_;
   json_.CopyStateTo(&scratch->json_);
   return scratch->FeedAll(bytes);
 }
 
 bool ToolCallMatcher::Complete() const {
-  return phase_ == Phase::kFree || phase_ == Phase::kDone || (!required_ && phase_ == Phase::kLead);
+  switch (state_.phase) {
+    case Phase::kFree:
+    case Phase::kDone: return true;
+    case Phase::kAfterCall: return syntax_->end.empty();
+    case Phase::kLead: return !required_;
+    case Phase::kLiterals:
+    case Phase::kJson: return false;
+  }
+  return false;
 }
 
-std::optional<std::vector<ParsedToolCall>> ParseToolCalls(std::string_view text) {
+std::optional<std::vector<ParsedToolCall>> ParseToolCalls(std::string_view text,
+                                                          ToolFormat format) {
+  const ToolCallSyntax& syn = ToolCallSyntaxOf(format);
   std::vector<ParsedToolCall> calls;
-  for (text = TrimLeft(text); !text.empty(); text = TrimLeft(text)) {
-    if (text.substr(0, kToolCallOpen.size()) != kToolCallOpen) return std::nullopt;
-    text.remove_prefix(kToolCallOpen.size());
-    // The call's JSON ends at the first close tag after which the text is whitespace or
-    // another call (a close tag inside a JSON string does not end it, as the JSON won't parse).
-    std::optional<json> call;
-    size_t close = text.find(kToolCallClose);
-    for (; close != std::string_view::npos; close = text.find(kToolCallClose, close + 1)) {
-      json j = json::parse(text.substr(0, close), nullptr, /*allow_exceptions=*/false);
-      if (!j.is_discarded()) {
-        call = std::move(j);
-        break;
-      }
-    }
-    if (!call || !call->is_object()) return std::nullopt;
+  if (!Consume(&text, syn.begin) || !Consume(&text, syn.list_open)) return std::nullopt;
+  while (true) {
+    if (!Consume(&text, syn.call_open)) return std::nullopt;
+    std::optional<json> call = LeadingObject(&text);
+    if (!call) return std::nullopt;
     auto name = call->find("name");
-    auto args = call->find("arguments");
+    auto args = call->find(std::string(syn.arguments_key));
+    if (args == call->end()) args = call->find("arguments");
     if (name == call->end() || !name->is_string() || args == call->end() || !args->is_object()) {
       return std::nullopt;
     }
     calls.push_back({name->get<std::string>(), args->dump()});
-    text.remove_prefix(close + kToolCallClose.size());
+    if (!Consume(&text, syn.call_close)) return std::nullopt;
+    text = TrimLeft(text);
+    if (!syn.separator.empty() && StartsWith(text, syn.separator)) {
+      text.remove_prefix(syn.separator.size());
+    } else if (syn.separator.empty() && !syn.call_open.empty() && StartsWith(text, syn.call_open)) {
+      continue;
+    } else {
+      break;
+    }
   }
-  if (calls.empty()) return std::nullopt;
+  if (!Consume(&text, syn.end) || !TrimLeft(text).empty()) return std::nullopt;
   return calls;
 }
 
-bool MayBeToolCall(std::string_view text) {
+bool MayBeToolCall(std::string_view text, ToolFormat format) {
   text = TrimLeft(text);
-  const size_t n = std::min(text.size(), kToolCallOpen.size());
-  return text.substr(0, n) == kToolCallOpen.substr(0, n);
+  const std::string_view lead = LeadPart(ToolCallSyntaxOf(format));
+  const size_t n = std::min(text.size(), lead.size());
+  return text.substr(0, n) == lead.substr(0, n);
 }
 
 }  // namespace tandem::structured

@@ -356,19 +356,25 @@ class ToolsTest(unittest.TestCase):
     def test_required_and_named_calls_are_valid(self):
         c = client()
         for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
-            for temperature, seed in ((0, None), (1.0, 4)):
-                with self.subTest(choice=choice, temperature=temperature):
+            for temperature, seed, parallel in ((0, None, True), (1.0, 4, True), (0, None, False)):
+                with self.subTest(choice=choice, temperature=temperature, parallel=parallel):
                     r = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice=choice,
-                                                  max_tokens=120, temperature=temperature, seed=seed)
+                                                  max_tokens=200, temperature=temperature, seed=seed,
+                                                  parallel_tool_calls=parallel)
                     self.assertEqual(r.choices[0].finish_reason, "tool_calls")
                     self.assertIsNone(r.choices[0].message.content)
-                    self.assertEqual(len(r.choices[0].message.tool_calls), 1)
-                    self.check_call(r.choices[0].message.tool_calls[0], name)
+                    calls = r.choices[0].message.tool_calls
+                    # Several calls may follow one another when parallel calls are allowed (at most 8).
+                    self.assertGreaterEqual(len(calls), 1)
+                    self.assertLessEqual(len(calls), 8 if parallel else 1)
+                    self.assertEqual(len({t.id for t in calls}), len(calls), "each call has its own id")
+                    for t in calls:
+                        self.check_call(t, name)
 
     def test_streamed_call_and_the_next_turn(self):
         c = client()
         stream = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
-                                           max_tokens=120, temperature=0, stream=True)
+                                           max_tokens=200, temperature=0, stream=True)
         calls, finish = {}, None
         for ch in stream:
             for choice in ch.choices:
@@ -380,16 +386,17 @@ class ToolsTest(unittest.TestCase):
                 finish = choice.finish_reason or finish
                 self.assertFalse(choice.delta.content, "a call streams no content")
         self.assertEqual(finish, "tool_calls")
-        self.assertEqual(len(calls), 1)
-        call = calls[0]
+        self.assertEqual(sorted(calls), list(range(len(calls))), "indices count up from 0")
         whole = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice="required",
-                                          max_tokens=120, temperature=0).choices[0].message.tool_calls[0]
-        self.assertEqual((call["name"], json.loads(call["arguments"])),
-                         (whole.function.name, json.loads(whole.function.arguments)))
-        # The call and its result go back to the model; it answers in words.
+                                          max_tokens=200, temperature=0).choices[0].message.tool_calls
+        self.assertEqual([(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in range(len(calls))],
+                         [(t.function.name, json.loads(t.function.arguments)) for t in whole])
+        # The calls and their results go back to the model; it answers in words.
         messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
-            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temperature_c": 21})}]
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+            for call in calls.values()]}]
+        messages += [{"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temperature_c": 21})}
+                     for call in calls.values()]
         r = c.chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS, tool_choice="none",
                                       max_tokens=40, temperature=0)
         self.assertTrue(r.choices[0].message.content)

@@ -2,7 +2,9 @@
 rendered by tandem's Jinja renderer: the prompt the server builds for a conversation with tools,
 tool calls and tool results is the one jinja2 renders (tests/golden/jinja, made by
 tools/golden/make_jinja_golden.py); the template's own refusal is a 400 with its message; a chat
-completion runs; a template that does not parse stops the server at start.
+completion runs; a template that does not parse stops the server at start. Tool calls follow
+the template's own format (this template's is Mistral's "[TOOL_CALLS] [...]"), or the one
+--tool-call-format names.
 
 Run: python3 -m unittest -v tests/server/test_chat_template.py   (after building build/tandem)
 """
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import unittest
 
+import jsonschema
 import openai
 import requests
 
@@ -114,6 +117,74 @@ class ChatTemplateFileTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("line 2", p.stderr)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+           "required": ["city"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+                                           "parameters": WEATHER}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def raw_call(base, tool_choice, stream=False):
+    """A call's tool_calls, finish reason and the model's raw text (its logprobs' tokens).
+
+    One call only (parallel_tool_calls off): this model, asked greedily, repeats its call until
+    max_tokens when more are allowed."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+    kwargs = dict(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=120,
+                  temperature=0, logprobs=True, parallel_tool_calls=False)
+    if not stream:
+        r = c.chat.completions.create(**kwargs)
+        calls = [(t.function.name, json.loads(t.function.arguments)) for t in r.choices[0].message.tool_calls or []]
+        return calls, r.choices[0].finish_reason, "".join(t.token for t in r.choices[0].logprobs.content)
+    calls, finish, raw = {}, None, ""
+    for ch in c.chat.completions.create(stream=True, **kwargs):
+        for choice in ch.choices:
+            for d in choice.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, ["", ""])
+                entry[0] += d.function.name or ""
+                entry[1] += d.function.arguments or ""
+            if choice.logprobs and choice.logprobs.content:
+                raw += "".join(t.token for t in choice.logprobs.content)
+            finish = choice.finish_reason or finish
+    return [(n, json.loads(a)) for n, a in calls.values()], finish, raw
+
+
+class ToolCallFormatTest(unittest.TestCase):
+    def check(self, calls, finish, raw, opening):
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0][0], "get_weather")
+        jsonschema.validate(calls[0][1], WEATHER)
+        self.assertTrue(raw.lstrip().startswith(opening), raw)
+
+    def test_calls_take_the_templates_format(self):
+        for stream in (False, True):
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                with self.subTest(stream=stream, choice=choice):
+                    self.check(*raw_call(SERVER.base, choice, stream), opening="[TOOL_CALLS]")
+        # A call made in this format goes back through the template the same way.
+        calls, _, raw = raw_call(SERVER.base, "required")
+        r = requests.post(SERVER.base + "/v1/chat/completions", timeout=300, json={
+            "model": MODEL_NAME, "max_tokens": 8, "temperature": 0, "tools": TOOLS, "messages": ASK + [
+                {"role": "assistant", "tool_calls": [{"id": "a1b2c3d4e", "type": "function", "function": {
+                    "name": calls[0][0], "arguments": json.dumps(calls[0][1])}}]},
+                {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "{\"temperature_c\": 21}"}]})
+        self.assertEqual(r.status_code, 200, r.text)
+
+    def test_the_flag_names_another_format(self):
+        other = Server("--mode", "colocated", "--chat-template", TEMPLATE, "--tool-call-format", "llama3_json")
+        try:
+            calls, finish, raw = raw_call(other.base, "required")
+            self.check(calls, finish, raw, opening="{")
+            self.assertIn('"parameters"', raw)
+        finally:
+            self.assertEqual(other.stop(), 0, other.log_text())
+        p = subprocess.run([BIN, "serve", "--model", MODEL, "--tool-call-format", "xml", "--port", "1"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertIn("--tool-call-format", p.stderr)
 
 
 if __name__ == "__main__":
