@@ -174,11 +174,13 @@ class ToolCallFormatTest(unittest.TestCase):
         self.assertEqual(r.status_code, 200, r.text)
 
     def test_the_flag_names_another_format(self):
-        other = Server("--mode", "colocated", "--chat-template", TEMPLATE, "--tool-call-format", "llama3_json")
+        # Disaggregated (the default mode): the format travels with the request to the workers.
+        other = Server("--chat-template", TEMPLATE, "--tool-call-format", "llama3_json")
         try:
-            calls, finish, raw = raw_call(other.base, "required")
-            self.check(calls, finish, raw, opening="{")
-            self.assertIn('"parameters"', raw)
+            for stream in (False, True):
+                calls, finish, raw = raw_call(other.base, "required", stream)
+                self.check(calls, finish, raw, opening="{")
+                self.assertIn('"parameters"', raw)
         finally:
             self.assertEqual(other.stop(), 0, other.log_text())
         p = subprocess.run([BIN, "serve", "--model", MODEL, "--tool-call-format", "xml", "--port", "1"],
