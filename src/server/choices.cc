@@ -22,7 +22,7 @@ ChoiceSet::ChoiceSet(ResponseContext ctx, std::vector<ChoiceRun> runs, int n,
       runs_(std::move(runs)),
       n_(std::max(1, n)),
       doorbell_(std::move(doorbell)),
-      submitted_(runs_.size(), false) {}
+      fork_due_taken_((runs_.size() + n_ - 1) / n_, n_ == 1) {}
 
 ChoiceSet::~ChoiceSet() {
   for (const ChoiceRun& r : runs_) {
@@ -34,27 +34,47 @@ void ChoiceSet::CancelAll() {
   for (const ChoiceRun& r : runs_) r.sink->MarkClientGone();
 }
 
-Status ChoiceSet::Submit(serving::GenerationBackend* backend, Clock::time_point deadline) {
-  auto submit = [&](size_t k) -> Status {
+Status ChoiceSet::Submit(serving::GenerationBackend* backend) {
+  for (size_t k = 0; k < runs_.size(); k += n_) {
     Status st = backend->Submit(std::move(runs_[k].request), runs_[k].sink);
     if (!st.ok()) {
       CancelAll();
       return st;
     }
-    submitted_[k] = true;
-    return OkStatus();
-  };
-  for (size_t k = 0; k < runs_.size(); k += n_) TANDEM_RETURN_IF_ERROR(submit(k));
-  if (n_ == 1) return OkStatus();
-  for (size_t k = 0; k < runs_.size(); k += n_) {
-    // The prompt's KV is computed (and cached) once the first choice has a token; the others
-    // are not held back past the deadline either way.
-    runs_[k].sink->WaitStarted(deadline);
-    for (size_t f = k + 1; f < std::min(runs_.size(), k + n_); ++f) {
-      TANDEM_RETURN_IF_ERROR(submit(f));
-    }
   }
   return OkStatus();
+}
+
+std::vector<size_t> ChoiceSet::TakeDueForks() {
+  std::vector<size_t> due;
+  for (size_t p = 0; p < fork_due_taken_.size(); ++p) {
+    if (fork_due_taken_[p] || !runs_[p * n_].sink->Started()) continue;
+    fork_due_taken_[p] = true;
+    for (size_t f = p * n_ + 1; f < std::min(runs_.size(), (p + 1) * n_); ++f) due.push_back(f);
+  }
+  return due;
+}
+
+Status ChoiceSet::SubmitForks(const std::vector<size_t>& forks,
+                              serving::GenerationBackend* backend) {
+  for (size_t f : forks) {
+    if (runs_[f].sink->client_gone()) continue;
+    Status st = backend->Submit(std::move(runs_[f].request), runs_[f].sink);
+    if (st.ok()) continue;
+    CancelAll();
+    {
+      MutexLock lock(&fork_mu_);
+      if (!fork_refusal_) fork_refusal_ = st;
+    }
+    doorbell_->Ring();
+    return st;
+  }
+  return OkStatus();
+}
+
+std::optional<Status> ChoiceSet::ForkRefusal() const {
+  MutexLock lock(&fork_mu_);
+  return fork_refusal_;
 }
 
 Usage ChoiceSet::TotalUsage() const {
@@ -77,6 +97,11 @@ std::optional<ChoiceSet::Whole> ChoiceSet::TryCollectWhole(Clock::time_point giv
     for (ChoiceRun& run : runs_) run.text = run.echo;
   }
   Whole out;
+  if (std::optional<Status> refused = ForkRefusal()) {
+    Outcome unused;
+    out.error = SubmitError(*refused, &unused);
+    return out;
+  }
   for (ChoiceRun& run : runs_) {
     if (run.done) continue;
     RequestSink::Taken t = run.sink->Wait(Clock::duration::zero());
@@ -158,6 +183,14 @@ bool ChoiceSet::SendNews(ChoiceRun& run, RequestSink::Taken& t,
 bool ChoiceSet::StreamStep(const std::function<bool(const std::string&)>& send, double timeout_s,
                            Clock::time_point give_up, bool* finished) {
   *finished = false;
+  if (std::optional<Status> refused = ForkRefusal()) {
+    // A choice was refused after others began: the error event ends the response.
+    Outcome unused;
+    if (!send(SseEvent(ApiErrorJson(SubmitError(*refused, &unused))))) return false;
+    if (!send(kSseDone)) return false;
+    *finished = true;
+    return true;
+  }
   for (ChoiceRun& run : runs_) {
     if (run.started) continue;
     run.started = true;

@@ -3,23 +3,29 @@
 // gathers their output in index order (choice index = prompt * n + i), whole or as SSE chunks.
 //
 // KV sharing between the n choices of a prompt: the first choice is submitted alone; the others
-// follow once it has produced its first token, when the prompt's full KV blocks are in the
-// prefix cache (or, disaggregated, in the worker's cache and the KV pool), so they compute only
-// the prompt's last partial block. Choice i draws with seed + i.
+// (its forks) follow once it has produced its first token, when the prompt's full KV blocks are
+// in the prefix cache (or, disaggregated, in the worker's cache and the KV pool), so they compute
+// only the prompt's last partial block. Choice i draws with seed + i. Nobody waits for that
+// first token: the pump sees it (TakeDueForks) and hands the forks to a submitting thread
+// (SubmitForks), so a request with n > 1 holds no handler thread while it queues.
 //
 // Nothing here blocks on output: the sinks ring the set's doorbell, and its owner (the
 // response pump of server/response_pump.h) then takes what is new.
 //
 // Thread-safety: one ChoiceSet per request, used by one thread at a time (the handler, then the
-// pump); the sinks inside are fed by the backend's threads.
+// pump), except SubmitForks, which runs on another thread beside the pump: it touches only the
+// forks' requests (which nothing else reads after Submit), their sinks (thread-safe) and the
+// refusal under fork_mu_. The sinks are fed by the backend's threads.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "server/api_error.h"
 #include "server/openai_response.h"
 #include "server/request_sink.h"
@@ -60,10 +66,18 @@ class ChoiceSet {
   // Cancels whatever is still running (the client went away).
   ~ChoiceSet();
 
-  // Submits every choice (the first of each prompt, then the others once it started, waiting
-  // until `deadline` at most). On a refusal the choices already submitted are cancelled and the
-  // refusal is returned.
-  Status Submit(serving::GenerationBackend* backend, Clock::time_point deadline);
+  // Submits the first choice of every prompt. On a refusal the choices already submitted are
+  // cancelled and the refusal is returned.
+  Status Submit(serving::GenerationBackend* backend);
+
+  // The pump: the forks now due (their prompt's first choice has a token or has finished), each
+  // returned once, in index order; empty when n == 1.
+  std::vector<size_t> TakeDueForks();
+  // Any one thread (not the pump's step): submits those forks, skipping any whose client is
+  // gone. A refusal cancels the set, is kept for the pump's next step (which answers with it) and
+  // rings the doorbell; the forks after it are not submitted. Returns the refusal, or OK.
+  Status SubmitForks(const std::vector<size_t>& forks, serving::GenerationBackend* backend)
+      TANDEM_EXCLUDES(fork_mu_);
 
   // Non-streaming: takes what is new; once every choice finished, the whole body, or the error
   // of the first choice that failed (nullopt before). At `give_up` (past the request's
@@ -97,12 +111,15 @@ class ChoiceSet {
                         const std::function<bool(const std::string&)>& send);
   bool SendNews(ChoiceRun& run, RequestSink::Taken& t,
                 const std::function<bool(const std::string&)>& send);
+  std::optional<Status> ForkRefusal() const TANDEM_EXCLUDES(fork_mu_);
 
   ResponseContext ctx_;
   std::vector<ChoiceRun> runs_;
   int n_;
   std::shared_ptr<Doorbell> doorbell_;
-  std::vector<bool> submitted_;
+  std::vector<bool> fork_due_taken_;  // per prompt: its forks were handed out (the pump's)
+  mutable Mutex fork_mu_;
+  std::optional<Status> fork_refusal_ TANDEM_GUARDED_BY(fork_mu_);
   bool collecting_ = false;  // TryCollectWhole began (texts start with their echo)
 };
 

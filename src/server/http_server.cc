@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/task_thread.h"
 #include "http_door/door.h"
 #include "server/choices.h"
 #include "server/dashboard.h"
@@ -90,6 +91,7 @@ class HttpServer::Impl {
     // The door first: its handler threads and the responses it still holds use the members
     // below (the in-flight count, the metrics).
     door_.reset();
+    fork_submitter_.reset();
   }
 
   Status Bind() {
@@ -162,6 +164,9 @@ class HttpServer::Impl {
   const int64_t created_;
   ProtocolLimits limits_;
   std::unique_ptr<http_door::HttpDoor> door_;
+  // Submits the forks of n > 1 requests (ChoiceSet::SubmitForks), off the event loop and off the
+  // handler threads; destroyed after the door (it runs what was posted, then joins).
+  std::unique_ptr<TaskThread> fork_submitter_ = std::make_unique<TaskThread>();
   std::atomic<bool> draining_{false};  // lock-free
 
   Mutex inflight_mu_;
@@ -370,7 +375,7 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const Request& req,
                       parsed.sampling.tool_mode != engine::SamplingParams::ToolMode::kNone,
                       parsed.sampling.tool_format};
   auto choices = std::make_shared<ChoiceSet>(ctx, std::move(runs), parsed.n, doorbell);
-  const Status st = choices->Submit(backend_, deadline);
+  const Status st = choices->Submit(backend_);
   if (!st.ok()) {
     Outcome outcome = Outcome::kError;
     const ApiError e = SubmitError(st, &outcome);
@@ -387,6 +392,21 @@ void HttpServer::Impl::HandleGenerate(Endpoint endpoint, const Request& req,
   pump.timeout_s = options_.request_timeout_s;
   pump.give_up = deadline + kDeadlineGrace;
   pump.headers = std::move(cors);
+  if (parsed.n > 1) {
+    pump.submit_forks = [this, id,
+                         weak = std::weak_ptr<ChoiceSet>(choices)](std::vector<size_t> due) {
+      fork_submitter_->Post([this, id, weak, due = std::move(due)] {
+        std::shared_ptr<ChoiceSet> set = weak.lock();
+        if (!set) return;  // the response is over
+        const Status st = set->SubmitForks(due, backend_);
+        if (st.ok()) return;
+        Outcome outcome = Outcome::kError;
+        SubmitError(st, &outcome);
+        metrics_->CountOutcome(outcome);
+        log_->info("a choice of {} refused: {}", id, st.ToString());
+      });
+    };
+  }
   StartResponsePump(std::move(choices), std::move(ex), std::move(pump), std::move(inflight));
 }
 

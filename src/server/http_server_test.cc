@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "model/tokenizer_test_util.h"
@@ -364,6 +366,72 @@ TEST_F(HttpServerTest, BackendRejectionsMapTo429And503) {
   EXPECT_EQ(Post("/v1/chat/completions", kChatBody)->status, 400);
   backend_->FailNextSubmit(FailedPrecondition("draining"));
   EXPECT_EQ(Post("/v1/chat/completions", kChatBody)->status, 503);
+  EXPECT_EQ(server_->metrics().outcome_count(Outcome::kRejected), 2);
+}
+
+TEST_F(HttpServerTest, ChoicesWaitingForTheirPromptHoldNoHandlerThread) {
+  // Two handler threads and six n = 2 requests queued in a paused backend: the forks wait for
+  // their prompt's first token without a thread, so the door still answers.
+  ServerOptions options;
+  options.http_threads = 2;
+  StartServer(options);
+  backend_->SetPaused(true);
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&] {
+      auto res = Post("/v1/completions", R"({"prompt":"x","n":2,"max_tokens":4})");
+      ASSERT_TRUE(res);
+      EXPECT_EQ(res->status, 200) << res->body;
+      EXPECT_EQ(json::parse(res->body)["choices"].size(), 2u);
+      ok.fetch_add(1);
+    });
+  }
+  while (backend_->active() < 6) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(backend_->active(), 6);  // the first choices only
+  auto health = Client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  backend_->SetPaused(false);
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(ok.load(), 6);
+  EXPECT_EQ(backend_->finished(FinishReason::kLength), 12);
+}
+
+TEST_F(HttpServerTest, AChoiceRefusedAfterItsPromptStartedEndsTheResponse) {
+  StartServer();
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    backend_->SetPaused(true);
+    const int before = backend_->active();
+    int status = 0;
+    std::vector<std::string> events;
+    std::optional<httplib::Result> res;
+    const std::string body = std::string(R"({"prompt":"x","n":2,"max_tokens":4,"stream":)") +
+                             (stream ? "true}" : "false}");
+    std::thread client([&] {
+      if (stream) {
+        events = Stream("/v1/completions", body, &status);
+      } else {
+        res.emplace(Post("/v1/completions", body));
+      }
+    });
+    while (backend_->active() == before) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    backend_->FailNextSubmit(ResourceExhausted("waiting queue full (64)"));  // the second choice
+    backend_->SetPaused(false);
+    client.join();
+    if (stream) {
+      EXPECT_EQ(status, 200);
+      ASSERT_GE(events.size(), 2u);
+      EXPECT_EQ(events.back(), "[DONE]");
+      const json err = json::parse(events[events.size() - 2]);
+      EXPECT_EQ(err["error"]["type"], "rate_limit_error") << err.dump();
+    } else {
+      ASSERT_TRUE(*res);
+      EXPECT_EQ((*res)->status, 429) << (*res)->body;
+      EXPECT_NE((*res)->body.find("queue full"), std::string::npos);
+    }
+  }
   EXPECT_EQ(server_->metrics().outcome_count(Outcome::kRejected), 2);
 }
 

@@ -39,12 +39,9 @@ void RequestSink::Notify() {
   if (extras_.doorbell) extras_.doorbell->Ring();
 }
 
-bool RequestSink::WaitStarted(std::chrono::steady_clock::time_point deadline) {
+bool RequestSink::Started() const {
   MutexLock lock(&mu_);
-  return cv_.WaitUntil(&mu_, deadline, [&] {
-    mu_.AssertHeld();
-    return started_;
-  });
+  return started_;
 }
 
 void RequestSink::OnPromptLogprobs(std::vector<engine::SampledToken> tokens) {

@@ -78,9 +78,8 @@ class RequestSink : public serving::GenerationSink {
     serving::FinishInfo info;
   };
   Taken Wait(std::chrono::steady_clock::duration timeout) TANDEM_EXCLUDES(mu_);
-  // Waits until the backend produced a token or finished the request, or `deadline` passed;
-  // returns whether it did.
-  bool WaitStarted(std::chrono::steady_clock::time_point deadline) TANDEM_EXCLUDES(mu_);
+  // The backend produced a token or finished the request (never blocks).
+  bool Started() const TANDEM_EXCLUDES(mu_);
   // The client went away (write failed, timed out): the next OnToken cancels the request.
   void MarkClientGone() TANDEM_EXCLUDES(mu_);
   bool client_gone() const TANDEM_EXCLUDES(mu_);

@@ -158,8 +158,10 @@ TEST_F(RequestSinkTest, LogprobsAreHandedOutPerTokenAndStopTokensHideTheirText) 
   auto doorbell = std::make_shared<Doorbell>();
   RequestSink sink(tokenizer_.get(), {}, false, nullptr, {{stop_id}, true, doorbell});
   const uint64_t rings = doorbell->rings();
+  EXPECT_FALSE(sink.Started());
   ASSERT_TRUE(sink.OnToken({ids[0], -0.5f, {{ids[0], -0.5f}, {ids[1], -2.0f}}}));
   EXPECT_GT(doorbell->rings(), rings);
+  EXPECT_TRUE(sink.Started());
   ASSERT_TRUE(sink.OnToken({ids[1], -0.25f, {}}));
   ASSERT_TRUE(sink.OnToken({stop_id, -1.0f, {}}));  // the backend ends the request after it
   sink.OnFinish({});
@@ -177,7 +179,7 @@ TEST_F(RequestSinkTest, LogprobsAreHandedOutPerTokenAndStopTokensHideTheirText) 
   EXPECT_EQ(lps[0].top.size(), 2u);
   EXPECT_EQ(lps[0].top[1].first, tokenizer_->TokenToPiece(ids[1]));
   EXPECT_FLOAT_EQ(*lps[2].logprob, -1.0f);
-  EXPECT_TRUE(sink.WaitStarted(std::chrono::steady_clock::now()));
+  EXPECT_TRUE(sink.Started());
 }
 
 }  // namespace

@@ -55,6 +55,10 @@ class ResponsePump : public std::enable_shared_from_this<ResponsePump> {
   // On the exchange's strand.
   void Step() {
     if (done_) return;
+    if (options_.submit_forks) {
+      std::vector<size_t> due = choices_->TakeDueForks();
+      if (!due.empty()) options_.submit_forks(std::move(due));
+    }
     if (options_.stream) {
       StreamStep();
     } else {

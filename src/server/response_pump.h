@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,9 +30,12 @@ struct PumpOptions {
   std::chrono::steady_clock::time_point give_up;
   // Added to the answer (CORS grants).
   std::vector<std::pair<std::string, std::string>> headers;
+  // n > 1: given the forks ChoiceSet::TakeDueForks found due at a step, it must have them
+  // submitted off the event loop (ChoiceSet::SubmitForks on another thread). Null: n == 1.
+  std::function<void(std::vector<size_t>)> submit_forks;
 };
 
-// Starts answering `exchange` from `choices` (already submitted).
+// Starts answering `exchange` from `choices` (their first choices submitted).
 void StartResponsePump(std::shared_ptr<ChoiceSet> choices,
                        std::shared_ptr<http_door::Exchange> exchange, PumpOptions options,
                        std::shared_ptr<void> keep);
