@@ -68,7 +68,7 @@ void Response::SetHeader(std::string name, std::string value) {
 
 struct Counters {
   std::atomic<int64_t> open{0}, accepted{0}, refused{0}, idle_timeouts{0}, request_timeouts{0},
-      write_timeouts{0}, bad_requests{0}, requests{0};
+      write_timeouts{0}, bad_requests{0}, requests{0}, client_closes{0};
 };
 
 // The state shared by the door's threads. Connections hold a plain pointer: they live in the
@@ -157,6 +157,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadBody();
   void OnReadError(beast::error_code ec);
   void Dispatch();
+  // While `a` is being prepared: the client closing the connection (EOF or reset) makes it gone.
+  void WatchForClose(const std::shared_ptr<Answer>& a);
   void Flush(const std::shared_ptr<Answer>& a);
   void Finish(const std::shared_ptr<Answer>& a);  // written: next request or close
   void Gone(const std::shared_ptr<Answer>& a, beast::error_code ec);
@@ -227,7 +229,13 @@ class ExchangeImpl : public Exchange {
   bool gone() const override { return answer_->gone.load(); }
   size_t backlog_bytes() const override { return answer_->backlog.load(); }
   void OnWritable(std::function<void()> fn) override {
-    Post([a = answer_, fn = std::move(fn)]() mutable { a->on_writable = std::move(fn); });
+    Post([a = answer_, fn = std::move(fn)]() mutable {
+      if (a->gone.load()) {
+        fn();  // gone before the listener came: it still hears of it once
+        return;
+      }
+      a->on_writable = std::move(fn);
+    });
   }
   void Hold(std::shared_ptr<void> owned) override {
     Post([s = session_, a = answer_, o = std::move(owned)]() mutable {
@@ -368,6 +376,7 @@ void Session::Dispatch() {
   a->keep_alive = msg.keep_alive() && !door_->stopped_.load();
   a->version = msg.version();
   ++door_->counters_.requests;
+  WatchForClose(a);
   auto exchange = std::make_shared<ExchangeImpl>(shared_from_this(), a);
   net::post(door_->pool_, [door = door_, req = std::move(req), exchange]() mutable {
     try {
@@ -380,7 +389,25 @@ void Session::Dispatch() {
   });
 }
 
+void Session::WatchForClose(const std::shared_ptr<Answer>& a) {
+  stream_.socket().async_wait(
+      tcp::socket::wait_read, [self = shared_from_this(), a](beast::error_code ec) {
+        if (a->finished || a->gone.load() || ec == net::error::operation_aborted) return;
+        char byte;
+        beast::error_code peek_ec;
+        const size_t n = ec ? 0
+                            : self->stream_.socket().receive(net::buffer(&byte, 1),
+                                                             tcp::socket::message_peek, peek_ec);
+        // Bytes of a next (pipelined) request: leave them for after this answer and stop
+        // watching. Nothing (EOF) or an error (a reset): the client is gone.
+        if (!ec && !peek_ec && n > 0) return;
+        ++self->door_->counters_.client_closes;
+        self->Gone(a, ec ? ec : peek_ec);
+      });
+}
+
 void Session::SendWhole(const std::shared_ptr<Answer>& a, Response r) {
+  if (a->gone.load()) return;
   auto res = std::make_shared<http::response<http::string_body>>();
   ApplyHead(r, a, res.get());
   res->body() = std::move(r.body);
@@ -637,6 +664,7 @@ DoorStats HttpDoor::Stats() const {
   s.write_timeouts = c.write_timeouts.load();
   s.bad_requests = c.bad_requests.load();
   s.requests = c.requests.load();
+  s.client_closes = c.client_closes.load();
   return s;
 }
 

@@ -18,6 +18,10 @@
 // - request: from a request's first byte until its head and body are read (a slow sender);
 // - write: each write of an answer or a chunk (a client that stops reading).
 // Limits: header bytes (431), body bytes (413), open connections (beyond: accepted and closed).
+// While a request is being answered, the door watches its connection: the client closing it (EOF,
+// a half-close included, or a reset) makes the exchange gone at once, whole answers too, so the
+// work behind it can stop. Bytes of a next pipelined request end the watch (they are not read
+// before the answer).
 // "Expect: 100-continue" is answered before the body is read.
 #pragma once
 
@@ -71,7 +75,8 @@ class Exchange {
   // Bytes queued and not yet written.
   virtual size_t backlog_bytes() const = 0;
   // Runs `fn` on an event-loop thread (it must not block) each time the backlog has been
-  // written out, and once when the client goes away. Set it before the first Write.
+  // written out, and once when the client goes away (at once if it already has). Set it before
+  // the first Write.
   virtual void OnWritable(std::function<void()> fn) = 0;
   // Keeps `owned` alive until the answer is fully written or abandoned.
   virtual void Hold(std::shared_ptr<void> owned) = 0;
@@ -110,6 +115,7 @@ struct DoorStats {
   int64_t write_timeouts = 0;       // the client stopped reading
   int64_t bad_requests = 0;         // 400 / 413 / 431 answered by the door
   int64_t requests = 0;             // handed to the handler
+  int64_t client_closes = 0;        // connections closed by the client while it was answered
 };
 
 // Raises the process's soft limit of open files to its hard limit, so that a server can hold as

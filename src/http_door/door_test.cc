@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 namespace tandem::http_door {
@@ -40,6 +41,7 @@ class RawClient {
   RawClient(RawClient&& o) noexcept : fd_(o.fd_), connected_(o.connected_) { o.fd_ = -1; }
 
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
   bool Send(const std::string& data) {
     return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
@@ -296,6 +298,62 @@ TEST_F(DoorTest, AClientThatGoesAwayMidStreamIsNoticed) {
   EXPECT_TRUE(notified);
   std::lock_guard<std::mutex> lock(mu);
   kept.reset();
+}
+
+TEST_F(DoorTest, AClientThatClosesBeforeItsAnswerIsNoticed) {
+  std::shared_ptr<Exchange> kept;
+  std::atomic<bool> notified{false};
+  std::mutex mu;
+  Start({}, [&](Request, std::shared_ptr<Exchange> ex) {
+    std::weak_ptr<Exchange> weak = ex;
+    ex->OnWritable([&notified, weak] {
+      if (auto e = weak.lock(); e && e->gone()) notified = true;
+    });
+    std::lock_guard<std::mutex> lock(mu);
+    kept = ex;  // no answer yet: the work behind it goes on
+  });
+  for (bool half_close : {false, true}) {
+    SCOPED_TRACE(half_close);
+    notified = false;
+    {
+      RawClient client(door_->port());
+      ASSERT_TRUE(client.Send("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"));
+      for (int i = 0; i < 200; ++i) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (kept) break;
+        std::this_thread::sleep_for(5ms);
+      }
+      if (half_close) {
+        ASSERT_EQ(::shutdown(client.fd(), SHUT_WR), 0);
+        std::this_thread::sleep_for(300ms);  // while the socket stays open
+      }
+    }  // closed
+    std::shared_ptr<Exchange> ex;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ex = std::move(kept);
+    }
+    ASSERT_NE(ex, nullptr);
+    for (int i = 0; i < 200 && !notified; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(notified);
+    EXPECT_TRUE(ex->gone());
+    ex->Respond({200, "text/plain", "too late", {}});  // dropped, no crash
+  }
+  EXPECT_EQ(door_->Stats().client_closes, 2);
+}
+
+TEST_F(DoorTest, PipelinedRequestsAreNotMistakenForAClose) {
+  Start({}, [](Request req, std::shared_ptr<Exchange> ex) {
+    std::this_thread::sleep_for(100ms);  // the second request is in the socket meanwhile
+    Echo(std::move(req), std::move(ex));
+  });
+  RawClient client(door_->port());
+  ASSERT_TRUE(
+      client.Send("GET /one HTTP/1.1\r\nHost: x\r\n\r\nGET /two HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string got = client.ReadUntil("GET /two", 5000ms);
+  EXPECT_NE(got.find("GET /one"), std::string::npos) << got;
+  EXPECT_NE(got.find("GET /two"), std::string::npos) << got;
+  EXPECT_EQ(door_->Stats().client_closes, 0);
 }
 
 TEST_F(DoorTest, ConnectionsBeyondTheLimitAreClosed) {

@@ -480,6 +480,29 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
   EXPECT_EQ(Post("/v1/chat/completions", kChatBody)->status, 200);
 }
 
+TEST_F(HttpServerTest, AClientThatGivesUpOnAWholeAnswerCancelsIt) {
+  // 400 tokens at 5 ms: 2 s of work.
+  StartServer({}, std::chrono::milliseconds(5),
+              [](const serving::GenerationRequest&) { return std::vector<int32_t>(100000, 330); });
+  {
+    auto c = Client();
+    c.set_read_timeout(0, 300000);  // gives up after 0.3 s and closes its connection
+    auto res = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":400,"ignore_eos":true})",
+                      "application/json");
+    EXPECT_FALSE(res);
+    c.stop();
+  }
+  const auto give_up = serving::Clock::now() + std::chrono::seconds(10);
+  while (backend_->active() > 0 && serving::Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(backend_->active(), 0);
+  EXPECT_EQ(backend_->finished(FinishReason::kCancelled), 1);
+  EXPECT_TRUE(server_->WaitIdle(serving::Clock::now() + std::chrono::seconds(10)));
+  EXPECT_EQ(server_->metrics().outcome_count(Outcome::kCancelled), 1);
+  EXPECT_EQ(Post("/v1/chat/completions", kChatBody)->status, 200);
+}
+
 TEST_F(HttpServerTest, RequestTimeout) {
   ServerOptions o;
   o.request_timeout_s = 0.3;

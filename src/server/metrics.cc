@@ -289,6 +289,10 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats,
            {{{{"kind", "idle"}}, static_cast<double>(door.idle_timeouts)},
             {{{"kind", "request"}}, static_cast<double>(door.request_timeouts)},
             {{{"kind", "write"}}, static_cast<double>(door.write_timeouts)}});
+  w.Counter("tandem_http_client_closes_total",
+            "Connections the client closed while its request was being answered (the request "
+            "is cancelled).",
+            static_cast<double>(door.client_closes));
   return w.text();
 }
 

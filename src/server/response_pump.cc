@@ -25,9 +25,10 @@ class ResponsePump : public std::enable_shared_from_this<ResponsePump> {
     auto ring = [weak] {
       if (auto self = weak.lock()) self->Ring();
     };
+    // Streams: rung when the backlog is written out; any answer: when the client goes away.
+    exchange_->OnWritable(ring);
     if (options_.stream) {
       // The head goes out before anything can ring a step that writes.
-      exchange_->OnWritable(ring);
       http_door::Response head{200, "text/event-stream", "", options_.headers};
       head.SetHeader("Cache-Control", "no-cache");
       head.SetHeader("X-Accel-Buffering", "no");
@@ -89,6 +90,11 @@ class ResponsePump : public std::enable_shared_from_this<ResponsePump> {
   }
 
   void WholeStep() {
+    if (exchange_->gone()) {  // the client closed its connection: stop generating
+      choices_->CancelAll();
+      done_ = true;
+      return;
+    }
     std::optional<ChoiceSet::Whole> whole =
         choices_->TryCollectWhole(options_.give_up, options_.timeout_s);
     if (!whole) return;
