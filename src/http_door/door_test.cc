@@ -205,7 +205,8 @@ TEST_F(DoorTest, DeadlinesCloseIdleAndSlowConnections) {
   EXPECT_TRUE(closed);
   const DoorStats s = door_->Stats();
   EXPECT_EQ(s.idle_timeouts, 1);
-  EXPECT_EQ(s.request_timeouts, 1);
+  EXPECT_EQ(s.request_timeouts, 1) << "idle " << s.idle_timeouts << " bad " << s.bad_requests
+                                   << " accepted " << s.connections_accepted;
   EXPECT_EQ(s.requests, 0);
 }
 
