@@ -16,6 +16,10 @@ def uses_annotations(path):
     header = os.path.splitext(path)[0] + ".h"
     if os.path.exists(header):
         text += open(header, errors="replace").read()
+    # A component's internal headers (an implementation split over several files).
+    for inc in re.findall(r'#include "([^"]+_internal\.h)"', text):
+        if os.path.exists(os.path.join(root, "src", inc)):
+            text += open(os.path.join(root, "src", inc), errors="replace").read()
     return "TANDEM_GUARDED_BY" in text or "TANDEM_REQUIRES" in text or "common/mutex.h" in text
 
 jobs = []

@@ -824,7 +824,7 @@ class Simulation {
     rec.ok = !deadline_hit;
     rec.status = deadline_hit ? 504 : 200;
     if (deadline_hit) rec.error = "deadline";
-    // The conductor learns from what it measured (conductor.cc's Finish).
+    // The conductor learns from what it measured (conductor_request.cc's Finish).
     expected_output_ = 0.9 * expected_output_ + 0.1 * r.emitted;
     if (rec.mean_gap_s > 0)
       view_.DecodeMeasured(r.decode_name, r.placement.predicted_tbt_s, rec.mean_gap_s);

@@ -2,9 +2,9 @@
 // engines take the time their profile says, fed by a workload, and scheduled by the
 // conductor's own code — the placement and admission policy (conductor/policy/placement.h)
 // over the conductor's own bookkeeping (conductor/cluster_view.h), with the request flow of
-// conductor.cc (late KV reservation at the prefill's turn, waiting for KV room, conditional
-// disaggregation, online correction of the cost models). Only the engines, the transfer and
-// the clock are simulated.
+// the conductor (conductor_request.cc: late KV reservation at the prefill's turn, waiting for
+// KV room, conditional disaggregation, online correction of the cost models). Only the engines, the
+// transfer and the clock are simulated.
 //
 // What the simulated engines do:
 //   - prefill instance: one prompt at a time in arrival order; its prefix cache (LRU over
