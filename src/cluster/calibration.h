@@ -18,9 +18,10 @@ struct CalibrationOptions {
   int repeats = 1;             // each point is timed this often; the fastest run counts
 };
 
-// Times the engine's forward passes and fits the model. Uses (and frees) KV blocks of the
-// engine's cache: call before the serving loop owns it. The engine's KV contents are
-// overwritten with the synthetic prompts' KV.
+// Times the engine's forward passes and fits the model; when the timings do not fit (a busy
+// machine), times them again, up to 3 rounds, keeping each point's fastest. Uses (and frees) KV
+// blocks of the engine's cache: call before the serving loop owns it. The engine's KV contents
+// are overwritten with the synthetic prompts' KV.
 StatusOr<conductor::CostModel> Calibrate(engine::Engine& engine, const CalibrationOptions& options);
 
 // Where a saved profile for this engine lives: <dir>/<model>-<bytes>-t<threads>-b<batch>-<cpu>.json

@@ -402,8 +402,9 @@ TEST_F(HttpServerTest, AChoiceRefusedAfterItsPromptStartedEndsTheResponse) {
   StartServer();
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream);
+    // The previous round's first choice (cancelled) has left the backend.
+    while (backend_->active() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     backend_->SetPaused(true);
-    const int before = backend_->active();
     int status = 0;
     std::vector<std::string> events;
     std::optional<httplib::Result> res;
@@ -416,7 +417,7 @@ TEST_F(HttpServerTest, AChoiceRefusedAfterItsPromptStartedEndsTheResponse) {
         res.emplace(Post("/v1/completions", body));
       }
     });
-    while (backend_->active() == before) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (backend_->active() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     backend_->FailNextSubmit(ResourceExhausted("waiting queue full (64)"));  // the second choice
     backend_->SetPaused(false);
     client.join();

@@ -6,6 +6,7 @@ each server, default 2).
 """
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,7 +25,27 @@ MODEL_NAME = "smol"
 GEMMA = os.path.join(SOURCE_DIR, "models", "gemma-3-270m-q4_k_m.gguf")
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
+    """A free port below the kernel's ephemeral range: a port the server is told to take must not
+    be one that another listener bound to port 0 (a worker's transfer engine, started first) can
+    be handed in the meantime."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, max(10001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
