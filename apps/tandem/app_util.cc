@@ -80,8 +80,7 @@ engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::Model
   in.engine.max_sequences = knobs.max_num_seqs;
   in.engine.max_step_tokens = std::max(knobs.max_batch_tokens, knobs.max_num_seqs);
   in.engine.kv_capacity_tokens = static_cast<int>(kv_tokens);
-  const bool sliding = config.sliding_window > 0 && config.NumGlobalLayers() < config.n_layers;
-  if (lends_pool && knobs.kv_pool == "on" && !sliding) {
+  if (lends_pool && knobs.kv_pool == "on") {
     in.kv_pool_bytes = int64_t{knobs.pool_dram_mb} << 20;
   }
   return in;

@@ -30,7 +30,7 @@ bool SetUpClusterToken(const std::string& file, bool generate);
 
 // The memory plan's inputs (engine/memory_plan.h) of an engine process with these knobs and
 // threads whose KV cache holds kv_tokens positions; `lends_pool`: a worker that mounts
-// --pool-dram-mb for the KV pool (the pool skips sliding-window models).
+// --pool-dram-mb for the KV pool.
 engine::MemoryPlanInputs PlanInputs(int64_t model_file_bytes, const model::ModelConfig& config,
                                     const WorkerKnobs& knobs, int threads, int64_t kv_tokens,
                                     bool lends_pool);

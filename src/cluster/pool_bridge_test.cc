@@ -17,9 +17,9 @@
 namespace tandem::cluster {
 namespace {
 
-std::string ModelPath() {
+std::string ModelPath(const std::string& file = "SmolLM2-135M-Instruct.Q4_1.gguf") {
   const char* dir = std::getenv("TANDEM_SOURCE_DIR");
-  return std::string(dir ? dir : ".") + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::string(dir ? dir : ".") + "/models/" + file;
 }
 
 bool WaitFor(const std::function<bool()>& pred) {
@@ -44,13 +44,14 @@ class Collector : public serving::GenerationSink {
 // One worker's parts: transfer engine, engine on a KV segment of it, pool client with a DRAM
 // segment, and the serving loop with the bridge.
 struct Member {
-  Member(const std::string& name, std::shared_ptr<transfer::MetadataStore> meta, bool pool) {
+  Member(const std::string& name, std::shared_ptr<transfer::MetadataStore> meta, bool pool,
+         const std::string& model = "SmolLM2-135M-Instruct.Q4_1.gguf") {
     transfer::TransferEngineOptions to;
     to.local_name = name;
     to.metadata = meta;
     te = std::move(*transfer::TransferEngine::Create(to));
     engine::EngineOptions eo;
-    eo.model_path = ModelPath();
+    eo.model_path = ModelPath(model);
     eo.threads = 1;
     eo.kv_capacity_tokens = 1024;
     eo.kv_memory = [this, name](size_t bytes) -> StatusOr<uint8_t*> {
@@ -68,7 +69,7 @@ struct Member {
       po.node = name;
       client = std::move(*store::PoolClient::Create(po));
       EXPECT_TRUE(client->MountDram(name + "/pool", 32 << 20).ok());
-      so.kv_pool = std::make_shared<PoolBridge>(client.get(), &engine->kv(), "smollm2",
+      so.kv_pool = std::make_shared<PoolBridge>(client.get(), &engine->kv(), model,
                                                 std::chrono::seconds(2), std::chrono::seconds(2));
     }
     backend = serving::MakeLocalBackend(engine.get(), so);
@@ -161,6 +162,44 @@ TEST(PoolBridgeTest, ADecodeReservationTakesThePoolsBlocks) {
   EXPECT_EQ(d_tokens, ref_tokens);
   EXPECT_EQ(d_info.cached_prompt_tokens, 144);
   EXPECT_EQ(d.client->Stats().hit_objects, 9u);  // read once, by the reservation
+}
+
+// Gemma 3 (sliding-window layers): the pool carries a prefix's global blocks and the windows
+// behind its end, read by another worker and by a decode reservation, and the outputs are the
+// ones computed alone.
+TEST(PoolBridgeTest, ASlidingWindowPrefixTravelsWithItsWindows) {
+  const std::string gemma = "gemma-3-270m-q4_k_m.gguf";
+  auto meta = *transfer::OpenMetadataStore("embedded:pool-bridge-gemma-test");
+  auto master = store::PoolMasterServer::Start("127.0.0.1", 0, {}, meta);
+  ASSERT_TRUE(master.ok()) << master.status().ToString();
+  Member a("worker-a", meta, true, gemma), b("worker-b", meta, true, gemma),
+      d("decode-d", meta, true, gemma), alone("alone", meta, false, gemma);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 700; ++i) prompt.push_back(1000 + (i * 37) % 5000);  // 43 full blocks + 12
+
+  const auto [ref_tokens, ref_info] = alone.Run(prompt, "ref");
+  ASSERT_EQ(a.Run(prompt, "a").first, ref_tokens);
+  // A's sequence ends at 707 positions (44 full blocks): it offers the 44 blocks, and the 33
+  // windows of blocks 11..43: behind the prompt's end (block 43: blocks 11..42, pinned by its
+  // prefix cache) and behind its own end (block 44: blocks 12..43).
+  ASSERT_TRUE(WaitFor([&] { return a.client->Stats().put_objects >= 44 + 33; }))
+      << "puts " << a.client->Stats().put_objects;
+  EXPECT_EQ(a.client->Stats().put_objects, 44u + 33u);
+
+  const auto [b_tokens, b_info] = b.Run(prompt, "b");
+  EXPECT_EQ(b_tokens, ref_tokens);
+  EXPECT_EQ(b_info.cached_prompt_tokens, 43 * 16);      // all but the last token's block
+  EXPECT_EQ(b.client->Stats().hit_objects, 43u + 32u);  // the blocks, and windows 11..42
+  EXPECT_EQ(b.backend->Stats().pool_window_misses, 0);
+
+  auto reserved = d.backend->ReservePrompt("push-1", prompt, static_cast<int>(prompt.size()) + 1,
+                                           serving::Clock::now() + std::chrono::seconds(10));
+  ASSERT_TRUE(reserved.ok()) << reserved.status().ToString();
+  EXPECT_EQ(reserved->cached_blocks, 43);
+  d.backend->CancelReservation("push-1");
+  const auto [d_tokens, d_info] = d.Run(prompt, "d");
+  EXPECT_EQ(d_tokens, ref_tokens);
+  EXPECT_EQ(d_info.cached_prompt_tokens, 43 * 16);
 }
 
 // Without a master the loop computes everything and says so in the pool counters.

@@ -151,6 +151,7 @@ json StatsJson(const serving::BackendStats& s) {
           {"preempt_resumed_pool_tokens", s.preempt_resumed_pool_tokens},
           {"preempt_recomputed_tokens", s.preempt_recomputed_tokens},
           {"pool_fetches_skipped", s.pool_fetches_skipped},
+          {"pool_window_misses", s.pool_window_misses},
           {"reserved_blocks", s.reserved_blocks},
           {"reservations_expired", s.reservations_expired},
           {"busy_seconds_prefill", s.busy_seconds_prefill},
@@ -184,6 +185,7 @@ serving::BackendStats StatsFrom(const json& j) {
   s.preempt_resumed_pool_tokens = j.value("preempt_resumed_pool_tokens", int64_t{0});
   s.preempt_recomputed_tokens = j.value("preempt_recomputed_tokens", int64_t{0});
   s.pool_fetches_skipped = j.value("pool_fetches_skipped", int64_t{0});
+  s.pool_window_misses = j.value("pool_window_misses", int64_t{0});
   s.reserved_blocks = j.value("reserved_blocks", 0);
   s.reservations_expired = j.value("reservations_expired", int64_t{0});
   s.busy_seconds_prefill = j.value("busy_seconds_prefill", 0.0);

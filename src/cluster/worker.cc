@@ -263,10 +263,6 @@ class WorkerImpl final : public Worker {
     const WorkerOptions& o = options_;
     if (!o.kv_pool || !o.scheduler.enable_prefix_cache) return OkStatus();
     auto& kv = engine_->kv();
-    if (kv.shape().NumSlidingLayers() > 0) {
-      log_->info("KV pool not used: the model has sliding-window layers");
-      return OkStatus();
-    }
     store::PoolClientOptions po;
     po.metadata = metadata_;
     po.engine = te_.get();

@@ -54,7 +54,7 @@ struct WorkerOptions {
   // The cluster KV pool (store/pool.h; its master is found in the metadata service): prompts
   // fetch what the local prefix cache lacks, finished sequences offer their blocks, and the
   // worker contributes pool_dram_bytes of shared memory as a storage segment (0: none).
-  // Models with sliding-window layers do not use it yet.
+  // Sliding-window models store the windows behind each offered prefix's end as well.
   bool kv_pool = true;
   uint64_t pool_dram_bytes = uint64_t{256} << 20;
   // The pool's SSD tier of this worker (store/ssd_tier.h): a directory of its own (empty:

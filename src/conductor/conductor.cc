@@ -125,6 +125,7 @@ serving::BackendStats ConductorImpl::Stats() const {
       s.preempt_resumed_pool_tokens += b.preempt_resumed_pool_tokens;
       s.preempt_recomputed_tokens += b.preempt_recomputed_tokens;
       s.pool_fetches_skipped += b.pool_fetches_skipped;
+      s.pool_window_misses += b.pool_window_misses;
       s.reserved_blocks += b.reserved_blocks;
       s.reservations_expired += b.reservations_expired;
     }

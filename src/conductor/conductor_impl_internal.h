@@ -105,6 +105,10 @@ class ConductorImpl final : public Conductor {
   // KV the cluster pool holds, asked of its master; 0 without a pool, a master or an answer in
   // time (counted). The prompt's block keys it hashes stay in run->load (KeysFor keeps them).
   void AskPool(RequestRun* run) TANDEM_EXCLUDES(mu_);
+  // Sliding-window models (window tokens > 0): of the first `held` blocks the pool holds, the
+  // prefix a worker would read, which ends where the pool holds the windows behind its end.
+  StatusOr<int> ResumableInPool(const std::vector<uint64_t>& keys, int held, const std::string& ns,
+                                int bt, int window);
 
   // The prompt's block keys for the workers' block size (all workers of a cluster agree).
   void KeysFor(RequestRun* run) TANDEM_REQUIRES(mu_);

@@ -8,6 +8,7 @@ void ConductorImpl::AskPool(RequestRun* run) {
   if (!options_.pool_aware || !pool_directory_ || prompt.size() < 2) return;
   std::string ns;
   int bt = 0;
+  int window = 0;  // sliding-window models: the window, in tokens
   {
     MutexLock lock(&mu_);
     for (const auto& [name, w] : view_.workers()) {
@@ -15,6 +16,7 @@ void ConductorImpl::AskPool(RequestRun* run) {
           w.info.role == cluster::Role::kPrefill && w.info.block_tokens > 0) {
         ns = w.stats.pool_namespace;
         bt = w.info.block_tokens;
+        for (int lw : w.info.layer_windows) window = std::max(window, lw);
         break;
       }
     }
@@ -26,14 +28,31 @@ void ConductorImpl::AskPool(RequestRun* run) {
   const size_t usable = std::min(keys.size(), (prompt.size() - 1) / static_cast<size_t>(bt));
   std::vector<std::string> objects;
   for (size_t i = 0; i < usable; ++i) objects.push_back(store::ObjectKey(ns, keys[i]));
-  auto held = pool_directory_->HeldPrefix(objects, Clock::now() + std::chrono::milliseconds(100));
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(100);
+  auto held = pool_directory_->HeldPrefix(objects, deadline);
   metrics_.pool_lookups.fetch_add(1);
+  if (held.ok() && *held > 0 && window > 0) held = ResumableInPool(keys, *held, ns, bt, window);
   if (!held.ok()) {
     metrics_.pool_lookup_failures.fetch_add(1);
     return;
   }
   metrics_.pool_predicted_tokens.fetch_add(int64_t{*held} * bt);
   run->load.pool_prompt_tokens = *held * bt;
+}
+
+StatusOr<int> ConductorImpl::ResumableInPool(const std::vector<uint64_t>& keys, int held,
+                                             const std::string& ns, int bt, int window) {
+  // The worker reads a prefix only up to an end whose windows the pool holds (serving::KvPool);
+  // ends are looked for among the last few windows' blocks before `held`.
+  const int window_blocks = (window + bt - 1) / bt + 1;
+  const int lo = std::max(0, held - 4 * window_blocks);
+  std::vector<std::string> objects;
+  const std::string window_ns = store::WindowNamespace(ns);
+  for (int i = lo; i < held; ++i) objects.push_back(store::ObjectKey(window_ns, keys[i]));
+  TANDEM_ASSIGN_OR_RETURN(
+      std::vector<bool> windows,
+      pool_directory_->Held(objects, Clock::now() + std::chrono::milliseconds(100)));
+  return serving::ResumableEnd(windows, lo, 0, held, bt, window);
 }
 
 void ConductorImpl::KeysFor(RequestRun* run) {

@@ -193,6 +193,10 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats,
             "Admissions that did not read the KV pool because computing a block was measured "
             "cheaper than fetching it.",
             static_cast<double>(stats.pool_fetches_skipped));
+  w.Counter("tandem_kv_pool_window_misses_total",
+            "Sliding-window models: reads from the KV pool given up because the windows behind "
+            "a prefix's end could not be read (the prefix was computed instead).",
+            static_cast<double>(stats.pool_window_misses));
   w.Histogram("tandem_time_to_first_token_seconds", "Arrival to first generated token.",
               ttft_.Get());
   w.Histogram("tandem_time_per_output_token_seconds", "Mean time per output token after the first.",

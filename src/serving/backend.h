@@ -133,6 +133,9 @@ struct BackendStats {
   // Cumulative: admissions that did not read the KV pool because computing a block was
   // measured cheaper than fetching it (LocalBackend).
   int64_t pool_fetches_skipped = 0;
+  // Cumulative, sliding-window models: pool reads given up because the windows behind the
+  // prefix's end could not be read (held when asked, gone or no window storage when read).
+  int64_t pool_window_misses = 0;
   int reserved_blocks = 0;           // decode side: held for KV being transferred in
   int64_t reservations_expired = 0;  // cumulative: reserved, never claimed, freed
   // Utilisation of one engine (0 where the backend is not one engine, e.g. the conductor):

@@ -17,4 +17,16 @@ namespace tandem::serving {
 std::vector<uint64_t> BlockKeys(std::span<const int32_t> tokens, int block_tokens,
                                 uint64_t seed = 0);
 
+// Sliding-window models (window_tokens > 0). A sequence resumes from the end of a prefix of
+// n full blocks only with the sliding layers' KV (the window) of the blocks a query at position
+// n * block_tokens reads: blocks [WindowStartBlock(n, ...), n). 0 when window_tokens is 0.
+int WindowStartBlock(int n_blocks, int block_tokens, int window_tokens);
+
+// Where a prefix can be resumed from, given which blocks' windows are at hand: the largest n in
+// (from, limit] such that held[b - lo] for every block b in [max(from, WindowStartBlock(n)), n)
+// (blocks below `from` are taken to have theirs), counting only the n whose range starts at lo
+// or later; `from` if none. held covers blocks [lo, limit).
+int ResumableEnd(const std::vector<bool>& held, int lo, int from, int limit, int block_tokens,
+                 int window_tokens);
+
 }  // namespace tandem::serving

@@ -158,13 +158,7 @@ StatusOr<LocalBackend::Reserved> LocalBackendImpl::Reserve(const std::string& id
     // What the KV pool holds beyond the local prefix is read into the fresh blocks: the
     // prefill side then pushes only the rest (skip_blocks).
     if (UsesPool() && r.cached_blocks < static_cast<int>(keys.size())) {
-      const int from = r.cached_blocks;
-      const auto wanted = std::span(keys).subspan(from);
-      const int filled =
-          options_.kv_pool->Fetch(wanted, std::span(r.blocks).subspan(from, wanted.size()));
-      for (int i = 0; i < filled; ++i) prefix_cache_.Insert(wanted[i], r.blocks[from + i]);
-      r.cached_blocks += filled;
-      pool_hit_tokens_.fetch_add(int64_t{filled} * block_tokens_);
+      r.cached_blocks = ReadFromPool(keys, r.blocks, r.cached_blocks);
     }
     // Sliding layers: the writer fills only the window that the first decode step (at
     // position n_tokens - 1) reads; the cached prefix holds its part of it already.
@@ -293,6 +287,7 @@ BackendStats LocalBackendImpl::Stats() const {
   s.preempt_resumed_pool_tokens = preempt_resumed_pool_.load();
   s.preempt_recomputed_tokens = preempt_recomputed_.load();
   s.pool_fetches_skipped = pool_fetches_skipped_.load();
+  s.pool_window_misses = pool_window_misses_.load();
   s.reserved_blocks = reserved_blocks_.load();
   s.reservations_expired = reservations_expired_.load();
   s.busy_seconds_prefill = busy_us_prefill_.load() * 1e-6;

@@ -22,7 +22,7 @@ struct SchedulerOptions {
   bool enable_prefix_cache = true;
   // The cluster's KV pool behind the local prefix cache (needs enable_prefix_cache): asked for
   // what the local cache lacks of each prompt, offered every finished sequence's full blocks.
-  // Null: local cache only. Models with sliding-window layers do not use it yet.
+  // Null: local cache only. With sliding-window layers it holds windows too (kv_pool.h).
   std::shared_ptr<KvPool> kv_pool = nullptr;
   // For the memory plan in Stats() (engine/memory_plan.h): the budget the process was sized to
   // (0: none) and the shared memory it lends to the KV pool.

@@ -188,12 +188,25 @@ class LocalBackendImpl final : public LocalBackend {
   // more, so that a pool that became faster is seen. Skips are counted.
   bool FetchPaysOff();
 
+  // Reads what the KV pool holds of full blocks [from, keys.size()) into table[from, ...)
+  // (fresh blocks after a local prefix of `from` blocks that can be resumed from; keys are the
+  // table's from block 0) and returns the end of the prefix now held, `from` if none. With
+  // sliding layers only an end whose window the pool holds counts (KvPool): those windows are
+  // read into window storage attached here, and no block is read without one. What was read
+  // joins the prefix cache, with the window behind its end pinned.
+  int ReadFromPool(std::span<const uint64_t> keys, std::span<const int32_t> table, int from);
+  // Reads the pool's windows of the fresh blocks among those a sequence resuming at block `end`
+  // reads ([max(from, window start), end) of `table`) into window storage attached here; false
+  // (and the storage given back) when there is no room or the pool no longer has them all.
+  bool ReadWindows(std::span<const uint64_t> keys, std::span<const int32_t> table, int from,
+                   int end);
+
   // For a sequence whose blocks hold its local prefix-cache hit (n_computed tokens) followed by
-  // fresh blocks for the rest: reads what the KV pool holds of the following full blocks into
-  // those fresh blocks, which the prefix cache then holds too.
+  // fresh blocks for the rest: ReadFromPool into those fresh blocks.
   void FetchFromPool(Sequence& s);
 
-  // Offers the full blocks of a finished sequence that the pool may lack.
+  // Offers the full blocks of a finished or preempted sequence that the pool may lack, and
+  // (sliding layers) the windows behind its end.
   void OfferToPool(Sequence& s);
 
   // Frees the newest running sequence other than `keep` for recompute later; false if none.
@@ -286,6 +299,7 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> preempt_offloaded_{0}, preempt_resumed_cache_{0}, preempt_resumed_pool_{0},
       preempt_recomputed_{0};
   std::atomic<int64_t> pool_fetches_skipped_{0};  // FetchPaysOff said no
+  std::atomic<int64_t> pool_window_misses_{0};    // ReadFromPool: windows not read
   std::atomic<int> reserved_blocks_{0};
   std::atomic<int64_t> reservations_expired_{0};
   std::atomic<int64_t> busy_us_prefill_{0};  // microseconds of forward passes (CountBusy)

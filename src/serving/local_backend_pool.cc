@@ -1,11 +1,11 @@
 // LocalBackendImpl: reading from and offering to the cluster's KV pool.
+#include "serving/block_keys.h"
 #include "serving/local_backend_impl_internal.h"
 
 namespace tandem::serving::internal {
 
 bool LocalBackendImpl::UsesPool() const {
-  return options_.kv_pool != nullptr && options_.enable_prefix_cache &&
-         kv_.num_window_blocks() == 0;
+  return options_.kv_pool != nullptr && options_.enable_prefix_cache;
 }
 
 bool LocalBackendImpl::FetchPaysOff() {
@@ -22,21 +22,67 @@ bool LocalBackendImpl::FetchPaysOff() {
   return false;
 }
 
+int LocalBackendImpl::ReadFromPool(std::span<const uint64_t> keys, std::span<const int32_t> table,
+                                   int from) {
+  const int want = static_cast<int>(keys.size());
+  if (from >= want) return from;
+  KvPool& pool = *options_.kv_pool;
+  const bool sliding = kv_.num_window_blocks() > 0;
+  const int window = kv_.shape().window_tokens;
+  const auto window_start = [&](int n) { return WindowStartBlock(n, block_tokens_, window); };
+  // Sliding layers: where the pool holds the windows a resumed sequence reads. Blocks below
+  // `from` are the local prefix's, whose windows are stored (PrefixCache::Match).
+  const int lo = sliding ? std::max(from, window_start(from + 1)) : from;
+  std::vector<bool> held;
+  int end = want;
+  if (sliding) {
+    held = pool.HeldWindows(keys.subspan(lo));
+    end = ResumableEnd(held, lo, from, want, block_tokens_, window);
+    if (end == from) return from;  // no resumable end: the blocks are not worth reading
+  }
+  const Clock::time_point start = Clock::now();
+  const int filled = pool.Fetch(keys.subspan(from, end - from), table.subspan(from, end - from));
+  end = from + filled;
+  if (sliding && filled > 0) {
+    end = ResumableEnd(held, lo, from, end, block_tokens_, window);
+    if (end > from && !ReadWindows(keys, table, from, end)) {
+      pool_window_misses_.fetch_add(1);
+      end = from;
+    }
+  }
+  fetch_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  fetched_blocks_ += end - from;
+  for (int b = from; b < end; ++b) prefix_cache_.Insert(keys[b], table[b]);
+  for (int b = std::max(0, window_start(end)); sliding && b < end; ++b) {
+    if (kv_.HasWindow(table[b])) prefix_cache_.PinWindow(table[b]);
+  }
+  pool_hit_tokens_.fetch_add(int64_t{end - from} * block_tokens_);
+  return end;
+}
+
+bool LocalBackendImpl::ReadWindows(std::span<const uint64_t> keys, std::span<const int32_t> table,
+                                   int from, int end) {
+  const int first = std::max(from, kv_.WindowStartBlock(int64_t{end} * block_tokens_));
+  const int n = end - first;
+  if (n <= 0) return true;
+  if (!AttachWindow(table, int64_t{first} * block_tokens_, int64_t{end} * block_tokens_).ok()) {
+    return false;
+  }
+  std::vector<int32_t> windows;
+  for (int b = first; b < end; ++b) windows.push_back(kv_.window_block(table[b]));
+  if (options_.kv_pool->FetchWindows(keys.subspan(first, n), windows) == n) return true;
+  for (int b = first; b < end; ++b) kv_.DropWindow(table[b]);  // fresh blocks: ours alone
+  return false;
+}
+
 void LocalBackendImpl::FetchFromPool(Sequence& s) {
   const int have = s.n_computed / block_tokens_;
   const int max_blocks = static_cast<int>((s.tokens.size() - 1) / block_tokens_);
   if (have >= max_blocks) return;
-  const auto keys = KeysOf(s, s.tokens.size()).subspan(have, max_blocks - have);
-  const Clock::time_point start = Clock::now();
-  const int filled =
-      options_.kv_pool->Fetch(keys, std::span(s.blocks).subspan(have, max_blocks - have));
-  fetch_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-  fetched_blocks_ += filled;
-  for (int i = 0; i < filled; ++i) prefix_cache_.Insert(keys[i], s.blocks[have + i]);
-  if (filled > 0) {
-    s.n_computed += filled * block_tokens_;
-    s.pool_known = have + filled;
-    pool_hit_tokens_.fetch_add(int64_t{filled} * block_tokens_);
+  const int end = ReadFromPool(KeysOf(s, s.tokens.size()).first(max_blocks), s.blocks, have);
+  if (end > have) {
+    s.n_computed = end * block_tokens_;
+    s.pool_known = end;
   }
 }
 
@@ -45,10 +91,23 @@ void LocalBackendImpl::OfferToPool(Sequence& s) {
   const auto keys = KeysOf(s, s.n_computed);
   const size_t n = std::min(keys.size(), s.blocks.size());
   const size_t from = std::min(n, static_cast<size_t>(s.pool_known));
-  if (from == n) return;
-  options_.kv_pool->Offer(keys.subspan(from, n - from),
-                          std::span(s.blocks).subspan(from, n - from));
-  s.pool_known = static_cast<int>(n);
+  if (from < n) {
+    options_.kv_pool->Offer(keys.subspan(from, n - from),
+                            std::span(s.blocks).subspan(from, n - from));
+    s.pool_known = static_cast<int>(n);
+  }
+  if (kv_.num_window_blocks() == 0 || n == 0) return;
+  // The windows it still holds: those behind its end, and those the prefix cache pinned behind
+  // its prompt's end (OfferBlocks), so that a sequence resumes from either; the others were
+  // given back as it moved on.
+  std::vector<uint64_t> window_keys;
+  std::vector<int32_t> windows;
+  for (size_t b = 0; b < n; ++b) {
+    if (!kv_.HasWindow(s.blocks[b])) continue;
+    window_keys.push_back(keys[b]);
+    windows.push_back(kv_.window_block(s.blocks[b]));
+  }
+  options_.kv_pool->OfferWindows(window_keys, windows);
 }
 
 void LocalBackendImpl::OfferBlocks(Sequence& s) {

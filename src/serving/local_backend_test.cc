@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -31,11 +33,12 @@ std::unique_ptr<engine::Engine> LoadEngine(int kv_tokens) {
 }
 
 // Gemma 3 (sliding-window layers), its window arena sized for max_sequences sequences.
-std::unique_ptr<engine::Engine> LoadGemma(int max_sequences, int max_step_tokens) {
+std::unique_ptr<engine::Engine> LoadGemma(int max_sequences, int max_step_tokens,
+                                          int kv_capacity_tokens = 4096) {
   const char* dir = std::getenv("TANDEM_SOURCE_DIR");
   engine::EngineOptions o;
   o.model_path = std::string(dir ? dir : ".") + "/models/gemma-3-270m-q4_k_m.gguf";
-  o.kv_capacity_tokens = 4096;
+  o.kv_capacity_tokens = kv_capacity_tokens;
   o.max_sequences = max_sequences;
   o.max_step_tokens = max_step_tokens;
   return Load(o);
@@ -319,36 +322,67 @@ TEST(LocalBackendTest, PreemptionUnderMemoryPressureKeepsOutputs) {
   EXPECT_EQ(backend->Stats().kv_blocks_used, 0);
 }
 
-// A KV pool in this process's memory: a block's global-arena bytes under its key.
+// A KV pool in this process's memory: a block's global-arena bytes under its key, and (sliding
+// models) a window block's bytes under the key of the block that held it.
 class MemoryKvPool : public KvPool {
  public:
   explicit MemoryKvPool(engine::PagedKvCache* kv) : kv_(kv) {}
   // Reads into and offers from another engine's cache (of the same model) from now on.
   void Retarget(engine::PagedKvCache* kv) { kv_ = kv; }
   int Fetch(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override {
-    int n = 0;
-    for (; n < static_cast<int>(keys.size()); ++n) {
-      auto it = objects_.find(keys[n]);
-      if (it == objects_.end()) break;
-      std::memcpy(Block(blocks[n]), it->second.data(), it->second.size());
-      ++fetched_blocks;
-    }
+    const int n = Read(objects_, keys, blocks, [this](int32_t b) { return Block(b); });
+    fetched_blocks += n;
     return n;
   }
   void Offer(std::span<const uint64_t> keys, std::span<const int32_t> blocks) override {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const char* b = Block(blocks[i]);
-      objects_[keys[i]].assign(b, b + kv_->BlockBytes());
-    }
+    Write(objects_, keys, blocks, kv_->BlockBytes(), [this](int32_t b) { return Block(b); });
   }
+  std::vector<bool> HeldWindows(std::span<const uint64_t> keys) override {
+    std::vector<bool> held;
+    for (uint64_t k : keys) held.push_back(windows_.count(k) > 0);
+    return held;
+  }
+  int FetchWindows(std::span<const uint64_t> keys,
+                   std::span<const int32_t> window_blocks) override {
+    const int n = Read(windows_, keys, window_blocks, [this](int32_t w) { return Window(w); });
+    fetched_windows += n;
+    return n;
+  }
+  void OfferWindows(std::span<const uint64_t> keys,
+                    std::span<const int32_t> window_blocks) override {
+    Write(windows_, keys, window_blocks, kv_->shape().WindowBlockBytes(),
+          [this](int32_t w) { return Window(w); });
+  }
+  int windows_held() const { return static_cast<int>(windows_.size()); }
   int fetched_blocks = 0;
+  int fetched_windows = 0;
 
  private:
+  using Objects = std::map<uint64_t, std::vector<char>>;
+  static int Read(const Objects& from, std::span<const uint64_t> keys, std::span<const int32_t> ids,
+                  const std::function<char*(int32_t)>& at) {
+    int n = 0;
+    for (; n < static_cast<int>(keys.size()); ++n) {
+      auto it = from.find(keys[n]);
+      if (it == from.end()) break;
+      std::memcpy(at(ids[n]), it->second.data(), it->second.size());
+    }
+    return n;
+  }
+  static void Write(Objects& to, std::span<const uint64_t> keys, std::span<const int32_t> ids,
+                    size_t bytes, const std::function<char*(int32_t)>& at) {
+    for (size_t i = 0; i < keys.size(); ++i) to[keys[i]].assign(at(ids[i]), at(ids[i]) + bytes);
+  }
   char* Block(int32_t b) const {
     return reinterpret_cast<char*>(kv_->data()) + static_cast<size_t>(b) * kv_->BlockBytes();
   }
+  char* Window(int32_t w) const {
+    return reinterpret_cast<char*>(kv_->data()) + kv_->WindowArenaOffset() +
+           static_cast<size_t>(w) * kv_->shape().WindowBlockBytes();
+  }
   engine::PagedKvCache* kv_;
-  std::map<uint64_t, std::vector<char>> objects_;
+  Objects objects_;
+  Objects windows_;
 };
 
 // Under the same pressure with a KV pool: a preempted sequence's KV goes to the pool and comes
@@ -477,6 +511,131 @@ TEST(LocalBackendTest, SlidingWindowPrefixIsResumableAfterDecode) {
   const FinishInfo info = second->Wait();
   EXPECT_GE(info.cached_prompt_tokens, static_cast<int>(req.prompt_tokens.size()) - 16);
   EXPECT_EQ(second->tokens(), first->tokens());
+}
+
+// Gemma 3 with a KV pool: a long prompt (and its answer) computed by one engine is read from
+// the pool by another: the global blocks, and the windows behind the prompt's end and behind
+// the answer's end, which the writer offered when it finished. Outputs equal each prompt
+// computed alone. A prompt that shares only the first 320 tokens reads nothing: the pool holds
+// no window behind that shorter prefix, so not even its blocks are read in vain.
+TEST(LocalBackendTest, SlidingWindowPrefixesComeFromThePool) {
+  auto writer_engine = LoadGemma(/*max_sequences=*/2, /*max_step_tokens=*/128);
+  auto reader_engine = LoadGemma(/*max_sequences=*/2, /*max_step_tokens=*/128);
+  ASSERT_NE(writer_engine, nullptr);
+  ASSERT_NE(reader_engine, nullptr);
+  const engine::PagedKvCache& kv = reader_engine->kv();
+  ASSERT_GT(kv.shape().NumSlidingLayers(), 0);
+  std::string text;
+  for (int i = 0; i < 70; ++i) text += "Entry " + std::to_string(i) + " in the ship's log. ";
+  GenerationRequest first = Greedy(*writer_engine, text, 24);
+  const int prompt = static_cast<int>(first.prompt_tokens.size());
+  ASSERT_GT(prompt, 700);  // past the 512-token window
+  // Resuming it leaves its last token to compute: the end is the prompt's last full block
+  // when the prompt does not end on a block boundary.
+  ASSERT_NE(prompt % 16, 0);
+  auto pool = std::make_shared<MemoryKvPool>(&writer_engine->kv());
+  std::vector<int32_t> answer;
+  {
+    auto writer = MakeLocalBackend(writer_engine.get(),
+                                   {.max_num_seqs = 2, .max_batch_tokens = 128, .kv_pool = pool});
+    answer = SubmitAll(*writer, {first})[0];
+  }
+  ASSERT_EQ(answer.size(), 24u);
+  // Windows behind the prompt's end (pinned by the prefix cache) and behind the answer's end.
+  EXPECT_GE(pool->windows_held(), 33);
+
+  GenerationRequest next = first;  // the next turn: prompt, answer, a new question
+  next.id = "next";
+  next.prompt_tokens.insert(next.prompt_tokens.end(), answer.begin(), answer.end());
+  for (int32_t t : Greedy(*writer_engine, " And the weather?", 1).prompt_tokens)
+    next.prompt_tokens.push_back(t);
+  GenerationRequest branch = first;  // shares the first 320 tokens only
+  branch.id = "branch";
+  branch.prompt_tokens.resize(320);
+  for (int32_t t : Greedy(*writer_engine, " A different story begins here.", 1).prompt_tokens)
+    branch.prompt_tokens.push_back(t);
+  const std::vector<int32_t> solo_first = Solo(*reader_engine, first);
+  const std::vector<int32_t> solo_next = Solo(*reader_engine, next);
+  const std::vector<int32_t> solo_branch = Solo(*reader_engine, branch);
+  EXPECT_EQ(answer, solo_first);
+
+  auto reader_pool = std::make_shared<MemoryKvPool>(*pool);
+  reader_pool->Retarget(&reader_engine->kv());
+  // A reader's own prefix cache lives as long as its backend: a new backend starts empty.
+  std::unique_ptr<LocalBackend> reader;
+  const auto fresh_reader = [&] {
+    reader.reset();
+    reader = MakeLocalBackend(reader_engine.get(),
+                              {.max_num_seqs = 1, .max_batch_tokens = 128, .kv_pool = reader_pool});
+  };
+  const auto run = [&](const GenerationRequest& r, std::vector<int32_t>* out) {
+    auto sink = std::make_shared<CollectingSink>();
+    EXPECT_TRUE(reader->Submit(r, sink).ok());
+    const int cached = sink->Wait().cached_prompt_tokens;
+    *out = sink->tokens();
+    return cached;
+  };
+  std::vector<int32_t> out;
+  fresh_reader();
+  EXPECT_EQ(run(branch, &out), 0);
+  EXPECT_EQ(out, solo_branch);
+  EXPECT_EQ(reader_pool->fetched_blocks, 0);  // no window behind block 20: nothing read
+  // The next turn: its first 20 blocks from the reader's own cache (branch's), the rest up to
+  // the answer's end from the pool, with the windows behind that end.
+  EXPECT_GE(run(next, &out), prompt + 24 - 16);
+  EXPECT_EQ(out, solo_next);
+  EXPECT_GE(reader->Stats().pool_hit_tokens, prompt + 24 - 16 - 320);
+  EXPECT_EQ(reader->Stats().pool_window_misses, 0);
+  // The first prompt on an empty reader: up to the prompt's end from the pool, where the
+  // writer's prefix cache had pinned the window.
+  fresh_reader();
+  EXPECT_GE(run(first, &out), prompt - 16);
+  EXPECT_EQ(out, solo_first);
+  EXPECT_GE(reader->Stats().pool_hit_tokens, prompt - 16);
+  const BackendStats st = reader->Stats();
+  EXPECT_GT(reader_pool->fetched_windows, 0);
+  EXPECT_EQ(st.pool_window_misses, 0);
+  reader.reset();
+  EXPECT_EQ(kv.num_free(), kv.num_blocks());
+  EXPECT_EQ(kv.num_free_window(), kv.num_window_blocks());
+}
+
+// Gemma 3 with a KV pool, three long prompts on a KV cache that holds them but not their
+// answers (the window arena holds three windows): a preempted sequence offers its blocks and the
+// windows behind its end, and resumes from the pool at that end (or from what the prefix cache
+// still holds) instead of recomputing; outputs are unchanged.
+TEST(LocalBackendTest, SlidingWindowPreemptionResumesFromThePool) {
+  auto reference = LoadGemma(/*max_sequences=*/1, /*max_step_tokens=*/64);
+  ASSERT_NE(reference, nullptr);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::vector<int32_t>> solo;
+  int prompt_blocks = 0;
+  for (int r = 0; r < 3; ++r) {
+    std::string text;
+    for (int i = 0; i < 60; ++i)
+      text += "Note " + std::to_string(r) + "." + std::to_string(i) + " on tides. ";
+    reqs.push_back(Greedy(*reference, text, 40));
+    reqs.back().id = "long-" + std::to_string(r);
+    ASSERT_GT(reqs.back().prompt_tokens.size(), 512u);
+    prompt_blocks += static_cast<int>(reqs.back().prompt_tokens.size()) / 16 + 1;
+    solo.push_back(Solo(*reference, reqs.back()));
+  }
+  // Room for the three prompts, not for their answers (40 tokens: 2-3 blocks each).
+  auto loaded = LoadGemma(/*max_sequences=*/3, /*max_step_tokens=*/64,
+                          /*kv_capacity_tokens=*/(prompt_blocks + 2) * 16);
+  ASSERT_NE(loaded, nullptr);
+  engine::Engine& e = *loaded;
+  auto pool = std::make_shared<MemoryKvPool>(&e.kv());
+  auto backend = MakeLocalBackend(&e, {.max_num_seqs = 3, .max_batch_tokens = 64, .kv_pool = pool});
+  EXPECT_EQ(SubmitAll(*backend, reqs), solo);
+  const BackendStats st = backend->Stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.preempt_offloaded_tokens, 0);
+  EXPECT_GT(pool->windows_held(), 0);
+  EXPECT_GT(st.preempt_resumed_pool_tokens, 0);
+  EXPECT_EQ(st.pool_window_misses, 0);
+  // A preempted sequence holds at most one partial block (< 16 tokens) that no cache keeps.
+  EXPECT_LT(st.preempt_recomputed_tokens, 16 * st.preemptions);
 }
 
 TEST(LocalBackendTest, CancelTimeoutAndRefusals) {

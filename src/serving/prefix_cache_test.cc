@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "serving/block_keys.h"
+
 namespace tandem::serving {
 namespace {
 
@@ -32,6 +34,41 @@ TEST(PrefixCacheTest, SeededKeysContinueTheChain) {
   ASSERT_EQ(tail.size(), 2u);
   EXPECT_EQ(tail[0], whole[1]);
   EXPECT_EQ(tail[1], whole[2]);
+}
+
+// 4-token blocks and an 8-token window: a sequence resuming at block n (position 4n) reads
+// positions [4n - 7, 4n] in a sliding layer, so it needs the windows of blocks [n - 2, n): the
+// KV cache's own rule (PagedKvCache::WindowStartBlock) and the pool's agree.
+TEST(PrefixCacheTest, ResumableEndNeedsTheWindowsBehindIt) {
+  auto kv = std::move(engine::PagedKvCache::Create({.n_layers = 2,
+                                                    .n_kv_heads = 1,
+                                                    .head_dim = 8,
+                                                    .block_tokens = 4,
+                                                    .num_blocks = 8,
+                                                    .sliding = {true, false},
+                                                    .window_tokens = 8,
+                                                    .num_window_blocks = 8})
+                          .value());
+  for (int n = 0; n <= 8; ++n) {
+    EXPECT_EQ(WindowStartBlock(n, 4, 8), kv->WindowStartBlock(4 * n)) << n;
+  }
+  EXPECT_EQ(WindowStartBlock(5, 4, 8), 3);
+  EXPECT_EQ(WindowStartBlock(5, 4, 0), 0);  // no sliding layers
+
+  // Windows held for blocks 2, 3, 5, 6, 7 (of blocks [0, 8)).
+  const std::vector<bool> held = {false, false, true, true, false, true, true, true};
+  EXPECT_EQ(ResumableEnd(held, 0, 0, 8, 4, 8), 8);  // needs 6, 7
+  EXPECT_EQ(ResumableEnd(held, 0, 0, 7, 4, 8), 7);  // needs 5, 6
+  EXPECT_EQ(ResumableEnd(held, 0, 0, 6, 4, 8), 4);  // 6 and 5 need block 4; 4 needs 2, 3
+  EXPECT_EQ(ResumableEnd(held, 0, 0, 3, 4, 8), 0);  // 3 needs 1, 2; 2 and 1 need block 0
+  // A local prefix of `from` blocks has its windows: from 5, block 4 is no longer needed.
+  EXPECT_EQ(ResumableEnd({true, true, true}, 5, 5, 8, 4, 8), 8);
+  EXPECT_EQ(ResumableEnd({false, true, true, true}, 4, 4, 6, 4, 8), 4);  // 5 and 6 need 4
+  EXPECT_EQ(ResumableEnd({false, true, true, true}, 4, 4, 8, 4, 8), 8);
+  // Ends whose range starts before the answers (lo) do not count.
+  EXPECT_EQ(ResumableEnd({true, true}, 4, 0, 6, 4, 8), 6);  // 6 needs 4, 5
+  EXPECT_EQ(ResumableEnd({true, true}, 4, 0, 5, 4, 8), 0);  // 5 needs 3, 4: 3 unknown
+  EXPECT_EQ(ResumableEnd({}, 0, 0, 0, 4, 8), 0);
 }
 
 TEST(PrefixCacheTest, MatchTakesReferencesAndEvictSparesBlocksInUse) {

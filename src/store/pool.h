@@ -52,6 +52,9 @@ std::string PoolNamespace(const std::string& model, int n_layers, int n_kv_heads
                           int block_tokens, const std::string& dtype);
 // The key of one block: namespace + "/" + its prefix hash (16 hex digits).
 std::string ObjectKey(const std::string& ns, uint64_t prefix_hash);
+// Sliding-window models: the namespace of the blocks' windows (their sliding layers' KV), whose
+// objects are keyed by the same prefix hashes.
+std::string WindowNamespace(const std::string& ns);
 
 struct PoolMasterOptions {
   MasterOptions policy;
@@ -166,6 +169,9 @@ class PoolDirectory {
   // How many leading keys the pool holds (visible objects); Unavailable without a master.
   virtual StatusOr<int> HeldPrefix(const std::vector<std::string>& keys,
                                    Clock::time_point deadline) = 0;
+  // Which of `keys` the pool holds (visible objects), one answer per key.
+  virtual StatusOr<std::vector<bool>> Held(const std::vector<std::string>& keys,
+                                           Clock::time_point deadline) = 0;
   virtual uint64_t master_unavailable() const = 0;  // calls that found no master
   // The master's own figures (a standalone master's, for the conductor's /metrics).
   virtual StatusOr<PoolMasterStats> MasterStats(Clock::time_point deadline) = 0;

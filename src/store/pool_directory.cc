@@ -19,6 +19,8 @@ std::string ObjectKey(const std::string& ns, uint64_t prefix_hash) {
   return ns + "/" + hex;
 }
 
+std::string WindowNamespace(const std::string& ns) { return ns + ":window"; }
+
 namespace {
 
 class PoolDirectoryImpl final : public PoolDirectory {
@@ -28,7 +30,15 @@ class PoolDirectoryImpl final : public PoolDirectory {
 
   StatusOr<int> HeldPrefix(const std::vector<std::string>& keys,
                            Clock::time_point deadline) override {
-    if (keys.empty()) return 0;
+    TANDEM_ASSIGN_OR_RETURN(std::vector<bool> held, Held(keys, deadline));
+    int n = 0;
+    while (n < static_cast<int>(held.size()) && held[n]) ++n;
+    return n;
+  }
+
+  StatusOr<std::vector<bool>> Held(const std::vector<std::string>& keys,
+                                   Clock::time_point deadline) override {
+    if (keys.empty()) return std::vector<bool>{};
     TANDEM_ASSIGN_OR_RETURN(nlohmann::json reply,
                             channel_.Call("/pool/exist", {{"keys", keys}}, deadline));
     std::vector<bool> held;
@@ -37,9 +47,11 @@ class PoolDirectoryImpl final : public PoolDirectory {
     } catch (const nlohmann::json::exception& e) {
       return Internal(std::string("pool master reply: ") + e.what());
     }
-    int n = 0;
-    while (n < static_cast<int>(held.size()) && n < static_cast<int>(keys.size()) && held[n]) ++n;
-    return n;
+    if (held.size() != keys.size()) {
+      return Internal("pool master reply: " + std::to_string(held.size()) + " answers for " +
+                      std::to_string(keys.size()) + " keys");
+    }
+    return held;
   }
 
   uint64_t master_unavailable() const override { return channel_.unavailable(); }

@@ -43,9 +43,9 @@ def call_internal(host, port, path, body, secret=TEST_CLUSTER_TOKEN, timeout=10)
         return r.read()
 
 
-def disaggregated(*extra, threads=2, env=None):
+def disaggregated(*extra, threads=2, env=None, model=None):
     return Server("--mode", "disaggregated", *extra, threads=threads, max_model_len=MAX_MODEL_LEN,
-                  kv_cache_tokens=8192, env=env)
+                  kv_cache_tokens=8192, env=env, model=model)
 
 
 def colocated(*extra, threads=2):

@@ -34,7 +34,9 @@ def server_args(mode):
              str(PROMPTS), "--block-tokens", str(BLOCK_TOKENS), "--request-timeout-s",
              str(int(TIMEOUT_S))]
     if mode == "disaggregated":
-        extra += ["--prefill-workers", "1", "--decode-workers", "1", "--no-local-prefill"]
+        # Each worker lends the KV pool 16 MiB of its budget (the default 256 would not fit).
+        extra += ["--prefill-workers", "1", "--decode-workers", "1", "--no-local-prefill",
+                  "--pool-dram-mb", "16"]
     return extra
 
 
