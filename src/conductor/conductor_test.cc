@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -64,9 +65,11 @@ CostModel Cost() {
 
 class FakeWorker {
  public:
+  // layer_windows: per layer, its sliding window in tokens (0: global); empty: none slides.
   FakeWorker(std::shared_ptr<transfer::MetadataStore> md, HandoffBoard* board, std::string name,
-             Role role)
+             Role role, std::vector<int> layer_windows = {})
       : md_(std::move(md)), board_(board) {
+    info_.layer_windows = std::move(layer_windows);
     info_.name = std::move(name);
     info_.role = role;
     info_.host = "127.0.0.1";
@@ -191,14 +194,20 @@ class FakeWorker {
 // in the metadata service as the real one is.
 class FakePoolMaster {
  public:
-  FakePoolMaster(std::shared_ptr<transfer::MetadataStore> md, int held) : held_(held) {
+  // Holds the first `held` keys of each question.
+  FakePoolMaster(std::shared_ptr<transfer::MetadataStore> md, int held)
+      : FakePoolMaster(md, [held](const std::string&, int i) { return i < held; }) {}
+  // Holds the keys for which holds(key, its index in the question) is true.
+  FakePoolMaster(std::shared_ptr<transfer::MetadataStore> md,
+                 std::function<bool(const std::string&, int)> holds)
+      : holds_(std::move(holds)) {
     server_.Post("/pool/exist", [this](const httplib::Request& req, httplib::Response& res) {
       const auto body = nlohmann::json::parse(req.body);
       std::vector<bool> exist;
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& k : body.at("keys")) {
         asked.push_back(k.get<std::string>());
-        exist.push_back(static_cast<int>(exist.size()) < held_);
+        exist.push_back(holds_(asked.back(), static_cast<int>(exist.size())));
       }
       res.set_content(nlohmann::json{{"exist", exist}}.dump(), "application/json");
     });
@@ -216,7 +225,7 @@ class FakePoolMaster {
   }
 
  private:
-  const int held_;
+  const std::function<bool(const std::string&, int)> holds_;
   httplib::Server server_;
   std::thread thread_;
   std::mutex mu_;
@@ -445,6 +454,40 @@ TEST_F(ConductorTest, APrefillWorkerThatReadsThePoolIsPredictedToFetchWhatThePoo
   ASSERT_TRUE(c2->Submit(Request("r2", 320, 3), sink2).ok());
   EXPECT_EQ(sink2->Wait().reason, serving::FinishReason::kLength);
   EXPECT_EQ(p0.prefills.load(), 1);
+}
+
+// Sliding-window models: the pool holds every block of the prompt, but the windows (sliding
+// layers' KV) only of blocks 52..55, behind the end of block 56 (a 64-token window: a sequence
+// resuming at block n reads blocks n - 4 .. n - 1). A worker would read the prefix up to block 56
+// only, and that is what the conductor predicts.
+TEST_F(ConductorTest, ASlidingWindowPrefixIsPredictedOnlyUpToAnEndWithItsWindows) {
+  const std::vector<int> windows = {64, 0};  // layer 0 slides over 64 tokens, layer 1 is global
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill, windows);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode, windows);
+  p0.UsePool("model:L2");
+  auto req = Request("r1", 1000, 3);
+  const auto keys = serving::BlockKeys(req.prompt_tokens, 16);
+  std::set<std::string> held_windows;
+  for (int b = 52; b < 56; ++b) {
+    held_windows.insert(store::ObjectKey(store::WindowNamespace("model:L2"), keys[b]));
+  }
+  FakePoolMaster master(md_, [&](const std::string& key, int) {
+    return key.find(":window/") == std::string::npos || held_windows.count(key) > 0;
+  });
+  auto c = Start({}, 1, 1);
+  for (auto until = Clock::now() + 5s; Clock::now() < until;) {
+    bool seen = false;
+    for (const auto& w : c->Workers()) seen |= w.stats.pool_enabled;
+    if (seen) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  auto sink = std::make_shared<Sink>();
+  ASSERT_TRUE(c->Submit(req, sink).ok());
+  EXPECT_EQ(sink->Wait().reason, serving::FinishReason::kLength);
+  const auto stats = c->Stats();
+  EXPECT_EQ(Metric(stats, "tandem_conductor_pool_lookups_total"), 1);
+  EXPECT_EQ(Metric(stats, "tandem_conductor_pool_predicted_tokens_total"), 56 * 16);
+  EXPECT_EQ(Metric(stats, "tandem_conductor_pool_lookup_failures_total"), 0);
 }
 
 // --planner-hook: with both pools idle the planner offers an idle prefill worker for removal,
