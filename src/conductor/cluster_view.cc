@@ -296,6 +296,31 @@ void ClusterView::ReassignPrefill(uint64_t seq, const std::string& prefill,
   }
 }
 
+void ClusterView::PipelineStarted(uint64_t seq, const std::vector<std::string>& stages,
+                                  double predicted_s, Clock::time_point now) {
+  for (size_t i = 0; i < stages.size(); ++i) {
+    Worker* w = Find(stages[i]);
+    if (w == nullptr) continue;
+    auto it = w->prefills.find(seq);
+    const double alone = i == 0 && it != w->prefills.end() ? it->second.predicted_s : -1;
+    w->prefills[seq] = {predicted_s * w->prefill_scale, now, alone};
+  }
+}
+
+void ClusterView::PipelineEnded(uint64_t seq, const std::vector<std::string>& stages,
+                                bool succeeded, Clock::time_point now) {
+  for (size_t i = 1; i < stages.size(); ++i) {
+    if (Worker* w = Find(stages[i]); w && w->prefills.erase(seq)) w->prefill_done_at = now;
+  }
+  if (succeeded || stages.empty()) return;
+  Worker* first = Find(stages[0]);
+  if (first == nullptr) return;
+  auto it = first->prefills.find(seq);
+  if (it != first->prefills.end() && it->second.alone_s >= 0) {
+    it->second = {it->second.alone_s, now, -1};
+  }
+}
+
 void ClusterView::Release(uint64_t seq, const std::string& decode, const std::string& prefill) {
   if (Worker* d = Find(decode)) {
     d->placed.erase(seq);

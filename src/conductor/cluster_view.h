@@ -64,6 +64,7 @@ class ClusterView {
       double predicted_s = 0;
       Clock::time_point started = Clock::time_point::max();  // sent to the worker at (max:
                                                              // still held by the conductor)
+      double alone_s = -1;  // the first stage of a pipeline: its prediction alone (else -1)
     };
     std::map<uint64_t, PrefillJob> prefills;  // by request seq (remote, or local on a decoder)
     // When its last prefill ended: the job sent next started then at the earliest.
@@ -148,6 +149,17 @@ class ClusterView {
   // The request's prefill moves to `prefill` (a retry after a failure), sent at once.
   void ReassignPrefill(uint64_t seq, const std::string& prefill, double predicted_prefill_s,
                        Clock::time_point now);
+  // A pipelined prefill of the request (placed on prefill worker stages[0]) starts now over
+  // `stages`, each busy for about `predicted_s` seconds of its cost model
+  // (LayerSplit::pipelined_seconds; scaled by each worker's prefill_scale): every stage's
+  // queue holds it until PipelineEnded, the first stage's in place of the one-worker prefill.
+  void PipelineStarted(uint64_t seq, const std::vector<std::string>& stages, double predicted_s,
+                       Clock::time_point now);
+  // The pipeline is over: the later stages are free of it. The first stage's job goes with
+  // PrefillDone when it succeeded; when it failed, the one-worker prefill that follows there
+  // gets back its prediction alone, from now.
+  void PipelineEnded(uint64_t seq, const std::vector<std::string>& stages, bool succeeded,
+                     Clock::time_point now);
   // Forgets everything of the request on both workers (finished, failed or re-placed).
   void Release(uint64_t seq, const std::string& decode, const std::string& prefill);
 

@@ -34,6 +34,37 @@ TEST(ClusterView, QueueDrainsFromTheEndOfThePreviousPrefill) {
   EXPECT_NEAR(ClusterView::QueueSeconds(w, At(2.0)), 0.0, 1e-9);
 }
 
+// A pipelined prefill keeps every stage busy: its later stages' queues hold it (scaled by their
+// own prefill_scale) while it runs, the first stage's holds the pipeline's time instead of the
+// one-worker prediction; after a failure the first stage gets its one-worker prefill back.
+TEST(ClusterView, APipelineIsInTheQueueOfEveryStage) {
+  ClusterView view;
+  view.workers()["p0"].info.role = cluster::Role::kPrefill;
+  view.workers()["p1"].info.role = cluster::Role::kPrefill;
+  view.workers()["p1"].prefill_scale = 2.0;
+  view.workers()["d"].info.role = cluster::Role::kDecode;
+  RequestLoad a;
+  a.seq = 1;
+  Placement p;
+  p.predicted_prefill_s = 10.0;
+  view.Commit(a, p, "d", "p0", 1, At(0));
+  ASSERT_TRUE(view.Dispatch(1, "d", "p0", 0, At(0)));
+  const ClusterView::Worker& p0 = *view.Find("p0");
+  const ClusterView::Worker& p1 = *view.Find("p1");
+  EXPECT_NEAR(ClusterView::QueueSeconds(p1, At(0)), 0.0, 1e-9);
+  view.PipelineStarted(1, {"p0", "p1"}, 6.0, At(1));
+  EXPECT_NEAR(ClusterView::QueueSeconds(p0, At(2)), 5.0, 1e-9);   // 6 s from 1, 1 s done
+  EXPECT_NEAR(ClusterView::QueueSeconds(p1, At(2)), 11.0, 1e-9);  // 2 x 6 s, 1 s done
+  view.PipelineEnded(1, {"p0", "p1"}, /*succeeded=*/false, At(3));
+  EXPECT_NEAR(ClusterView::QueueSeconds(p1, At(3)), 0.0, 1e-9);
+  EXPECT_NEAR(ClusterView::QueueSeconds(p0, At(3)), 10.0, 1e-9);  // alone, from now
+  view.PipelineStarted(1, {"p0", "p1"}, 6.0, At(4));
+  view.PipelineEnded(1, {"p0", "p1"}, /*succeeded=*/true, At(8));
+  EXPECT_NEAR(ClusterView::QueueSeconds(p1, At(8)), 0.0, 1e-9);
+  view.PrefillDone(a, "p0", "d", 0.0, At(8));
+  EXPECT_NEAR(ClusterView::QueueSeconds(p0, At(8)), 0.0, 1e-9);
+}
+
 // The prefill scale follows measured compute time against the cost model for the same work:
 // a worker twice as slow as its profile converges to 2; short prefills (fixed costs) and
 // unknown workers change nothing.

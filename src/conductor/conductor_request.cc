@@ -63,7 +63,21 @@ bool ConductorImpl::PrefillPipelined(RequestRun* run, const KvTarget& target) {
   const PrefillCall call = PrefillCallFor(*run, target);
   const std::string session =
       run->r.id + "/pipeline-" + std::to_string(pipeline_attempts_.fetch_add(1) + 1);
-  auto done = RunPipelinedPrefill(call, group, options_.pipeline, session, run->r.deadline);
+  const PipelinePlan plan =
+      PlanPipeline(group[0].info, static_cast<int64_t>(call.prompt_tokens.size()),
+                   static_cast<int>(group.size()), options_.pipeline);
+  // Every stage is busy with the pipeline while it runs: placement sees it in their queues.
+  std::vector<std::string> stages;
+  for (const StageWorker& w : group) stages.push_back(w.info.name);
+  {
+    MutexLock lock(&mu_);
+    view_.PipelineStarted(run->load.seq, stages, plan.split.pipelined_seconds, Clock::now());
+  }
+  auto done = RunPipelinedPrefill(call, group, plan, session, run->r.deadline);
+  {
+    MutexLock lock(&mu_);
+    view_.PipelineEnded(run->load.seq, stages, done.ok(), Clock::now());
+  }
   if (!done.ok()) {
     metrics_.pipelined_failures.fetch_add(1);
     log_->warn("{}: pipelined prefill failed ({}); prefilling on {} alone", run->r.id,

@@ -39,23 +39,34 @@ std::vector<StageWorker> ChoosePipelineGroup(const ClusterView& view, const std:
   return group;
 }
 
-StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
-                                               std::span<const StageWorker> group,
-                                               const PipelineOptions& options,
-                                               const std::string& session,
-                                               Clock::time_point deadline) {
-  const int stages = static_cast<int>(group.size());
-  if (stages < 2) return InvalidArgument("a pipeline needs at least two prefill workers");
-  const cluster::WorkerInfo& head = group[0].info;
+PipelinePlan PlanPipeline(const cluster::WorkerInfo& head, int64_t prompt_tokens, int stages,
+                          const PipelineOptions& options) {
   CostModel cost = head.cost;
   if (!cost.valid()) {  // no profile: every layer alike
     cost = CostModel{};
     cost.prefill_per_token_s = 1;
   }
+  PipelinePlan plan;
+  plan.chunk_tokens = PipelineChunkTokens(prompt_tokens, options.chunk_tokens);
+  plan.split = SplitLayers(cost, head.n_layers, head.layer_windows, prompt_tokens, stages,
+                           plan.chunk_tokens);
+  return plan;
+}
+
+StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
+                                               std::span<const StageWorker> group,
+                                               const PipelinePlan& plan, const std::string& session,
+                                               Clock::time_point deadline) {
+  const int stages = static_cast<int>(group.size());
+  if (stages < 2) return InvalidArgument("a pipeline needs at least two prefill workers");
+  if (static_cast<int>(plan.split.bounds.size()) != stages + 1) {
+    return InvalidArgument("the pipeline's plan is for " +
+                           std::to_string(plan.split.bounds.size() - 1) + " stages, not " +
+                           std::to_string(stages));
+  }
   PipelinedPrefill out;
-  const int64_t n = static_cast<int64_t>(call.prompt_tokens.size());
-  out.chunk_tokens = PipelineChunkTokens(n, options.chunk_tokens);
-  out.split = SplitLayers(cost, head.n_layers, head.layer_windows, n, stages, out.chunk_tokens);
+  out.chunk_tokens = plan.chunk_tokens;
+  out.split = plan.split;
   std::vector<std::future<StatusOr<cluster::PrefillResult>>> pending;
   for (int i = 0; i < stages; ++i) {
     cluster::PrefillCall c = call;

@@ -47,14 +47,22 @@ bool WantsPipeline(const PipelineOptions& options, const engine::SamplingParams&
 std::vector<StageWorker> ChoosePipelineGroup(const ClusterView& view, const std::string& first,
                                              int max_stages, Clock::time_point now);
 
+// How a pipeline of `stages` workers whose first is `head` shares a prompt of `prompt_tokens`:
+// the chunk size, and the layers split by head's cost model (by layer count without one).
+struct PipelinePlan {
+  int chunk_tokens = 0;
+  LayerSplit split;
+};
+PipelinePlan PlanPipeline(const cluster::WorkerInfo& head, int64_t prompt_tokens, int stages,
+                          const PipelineOptions& options);
+
 // Runs `call` (prompt, sampling, KV target; its stage is set here) over `group` (at least two
-// workers, group[0] computing the first layers), the layers split for the prompt's length by
-// group[0]'s cost model (by layer count without one). `session` must be unique per attempt.
-// The first stage's error (with the worker's name) when any fails.
+// workers, group[0] computing the first layers) as `plan` (PlanPipeline for the group) says.
+// `session` must be unique per attempt. The first stage's error (with the worker's name) when
+// any fails.
 StatusOr<PipelinedPrefill> RunPipelinedPrefill(const cluster::PrefillCall& call,
                                                std::span<const StageWorker> group,
-                                               const PipelineOptions& options,
-                                               const std::string& session,
+                                               const PipelinePlan& plan, const std::string& session,
                                                Clock::time_point deadline);
 
 }  // namespace tandem::conductor
