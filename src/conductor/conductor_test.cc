@@ -287,6 +287,16 @@ class ConductorTest : public ::testing::Test {
     EXPECT_TRUE((*c)->WaitForWorkers(prefill, decode, Clock::now() + 10s).ok());
     return std::move(*c);
   }
+  // Until the conductor has seen a worker that reads the KV pool (its /stats say so).
+  static void WaitForAPoolWorker(Conductor& c) {
+    for (auto until = Clock::now() + 5s; Clock::now() < until;) {
+      for (const auto& w : c.Workers()) {
+        if (w.stats.pool_enabled) return;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    ADD_FAILURE() << "no worker with the KV pool in 5 s";
+  }
   std::shared_ptr<transfer::MetadataStore> md_;
   HandoffBoard board_;
 };
@@ -424,12 +434,7 @@ TEST_F(ConductorTest, APrefillWorkerThatReadsThePoolIsPredictedToFetchWhatThePoo
   p1.UsePool("model:L2");
   FakePoolMaster master(md_, /*held=*/1000);
   auto c = Start({}, 2, 1);
-  for (auto until = Clock::now() + 5s; Clock::now() < until;) {
-    bool seen = false;
-    for (const auto& w : c->Workers()) seen |= w.stats.pool_enabled;
-    if (seen) break;
-    std::this_thread::sleep_for(10ms);
-  }
+  WaitForAPoolWorker(*c);
   auto req = Request("r1", 320, 3);
   const auto keys = serving::BlockKeys(req.prompt_tokens, 16);
   auto sink = std::make_shared<Sink>();
@@ -475,12 +480,7 @@ TEST_F(ConductorTest, ASlidingWindowPrefixIsPredictedOnlyUpToAnEndWithItsWindows
     return key.find(":window/") == std::string::npos || held_windows.count(key) > 0;
   });
   auto c = Start({}, 1, 1);
-  for (auto until = Clock::now() + 5s; Clock::now() < until;) {
-    bool seen = false;
-    for (const auto& w : c->Workers()) seen |= w.stats.pool_enabled;
-    if (seen) break;
-    std::this_thread::sleep_for(10ms);
-  }
+  WaitForAPoolWorker(*c);
   auto sink = std::make_shared<Sink>();
   ASSERT_TRUE(c->Submit(req, sink).ok());
   EXPECT_EQ(sink->Wait().reason, serving::FinishReason::kLength);
