@@ -138,7 +138,12 @@ void LocalBackendImpl::Admit() {
       s.blocks = prefix_cache_.Match(KeysOf(s, s.tokens.size()), max_blocks);
       s.n_computed = static_cast<int>(s.blocks.size()) * block_tokens_;
     }
-    if (!Reserve(s, static_cast<int64_t>(s.tokens.size()))) {
+    // A sequence that gave its KV up for others' (Step) comes back only when its next step
+    // fits, window storage included; else it would be admitted and give it up again at once.
+    const int64_t first_step =
+        std::min<int64_t>(s.n_computed + options_.max_batch_tokens, s.tokens.size());
+    if (!Reserve(s, static_cast<int64_t>(s.tokens.size())) ||
+        (s.waits_for_kv && !AttachWindow(s.blocks, s.n_computed, first_step).ok())) {
       // Not enough memory now: keep what it computed as prefix cache (e.g. KV a prefill
       // worker pushed) and its blocks out of the way, let waiting sequences that already
       // hold their KV run if they fit (they may be what holds the memory), and wait.
@@ -154,6 +159,7 @@ void LocalBackendImpl::Admit() {
     const int from_cache = s.n_computed;
     if (matched && UsesPool() && FetchPaysOff()) FetchFromPool(s);
     if (s.preempted_tokens > 0) CountResumed(s, from_cache);
+    s.waits_for_kv = false;
     if (!s.admitted_once) {
       s.admitted_once = true;
       s.cached_tokens = s.n_computed;
@@ -188,28 +194,44 @@ void LocalBackendImpl::AdmitHoldersBehind() {
 }
 
 bool LocalBackendImpl::PreemptOne(const Sequence* keep) {
-  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-    Sequence& s = **it;
+  for (size_t i = running_.size(); i-- > 0;) {
+    const Sequence& s = *running_[i];
     if (&s == keep || s.finish) continue;
-    // Its KV stays in the prefix cache (until evicted) and goes to the KV pool, from where
-    // it resumes when a fetch is measured cheaper than recomputing (FetchPaysOff,
-    // docs/design/engine.md).
-    OfferBlocks(s);
-    const int pool_had = s.pool_known;
-    OfferToPool(s);
-    preempt_offloaded_.fetch_add(int64_t{s.pool_known - pool_had} * block_tokens_);
-    s.preempted_tokens = s.n_computed;
-    kv_.Release(s.blocks);
-    s.blocks.clear();
-    s.n_computed = 0;
-    waiting_.push_front(std::move(*it));
-    running_.erase(std::next(it).base());
-    preemptions_.fetch_add(1);
-    log_->info("preempted {} at {} tokens (KV cache full){}", waiting_.front()->req.id,
-               waiting_.front()->preempted_tokens, UsesPool() ? "; its KV went to the pool" : "");
+    Preempt(i);
     return true;
   }
   return false;
+}
+
+bool LocalBackendImpl::KvHeldByOthers(const Sequence& s) const {
+  if (!reservations_.empty()) return true;
+  for (const auto& w : waiting_) {
+    if (!w->blocks.empty()) return true;
+  }
+  for (const auto& r : running_) {
+    if (r.get() != &s && !r->blocks.empty()) return true;
+  }
+  return false;
+}
+
+void LocalBackendImpl::Preempt(size_t index) {
+  Sequence& s = *running_[index];
+  // Its KV stays in the prefix cache (until evicted) and goes to the KV pool, from where
+  // it resumes when a fetch is measured cheaper than recomputing (FetchPaysOff,
+  // docs/design/engine.md).
+  OfferBlocks(s);
+  const int pool_had = s.pool_known;
+  OfferToPool(s);
+  preempt_offloaded_.fetch_add(int64_t{s.pool_known - pool_had} * block_tokens_);
+  s.preempted_tokens = s.n_computed;
+  kv_.Release(s.blocks);
+  s.blocks.clear();
+  s.n_computed = 0;
+  waiting_.push_front(std::move(running_[index]));
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  preemptions_.fetch_add(1);
+  log_->info("preempted {} at {} tokens (KV cache full){}", waiting_.front()->req.id,
+             waiting_.front()->preempted_tokens, UsesPool() ? "; its KV went to the pool" : "");
 }
 
 }  // namespace tandem::serving::internal

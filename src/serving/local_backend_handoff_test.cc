@@ -333,5 +333,53 @@ TEST(HandoffQueueTest, PrefilledSequencesRunWhileAnEarlierRequestWaitsForMemory)
   EXPECT_EQ(info.completion_tokens, 4) << info.message;
 }
 
+// A running sequence that needs one more block while a reservation for pushed KV holds the
+// rest of the cache: it used to end with "the KV cache cannot hold this sequence"; now it gives
+// its blocks up, waits until the reservation is gone, and finishes with the output it has alone.
+// A sequence that cannot fit even alone still gets that error.
+TEST(HandoffQueueTest, ASequenceThatOutgrowsTheCacheWaitsForAReservationsBlocks) {
+  auto reference = LoadEngine(kSmolLm2);
+  auto engine = LoadEngine(kSmolLm2, /*kv_tokens=*/96);  // 6 blocks of 16
+  ASSERT_TRUE(reference && engine);
+  GenerationRequest grow;
+  grow.id = "grow";
+  for (int i = 0; i < 50; ++i) grow.prompt_tokens.push_back(700 + i);  // 4 blocks
+  grow.max_tokens = 20;                                                // 70 tokens: 5 blocks
+  grow.ignore_eos = true;
+  std::vector<int32_t> alone;
+  {
+    auto backend = MakeLocalBackend(reference.get(), {.max_batch_tokens = 48});
+    auto sink = std::make_shared<Collector>();
+    ASSERT_TRUE(backend->Submit(grow, sink).ok());
+    ASSERT_EQ(sink->Wait().completion_tokens, 20);
+    alone = sink->tokens();
+  }
+  auto decode = MakeLocalBackend(engine.get(), {.max_batch_tokens = 48});
+  // Two blocks reserved for a push that never comes: 4 + 2 of 6 taken once "grow" runs.
+  ASSERT_TRUE(decode->ReserveBlocks("held", 32, Clock::now() + std::chrono::seconds(60)).ok());
+  auto sink = std::make_shared<Collector>();
+  ASSERT_TRUE(decode->Submit(grow, sink).ok());
+  // It runs until position 64 needs a fifth block, then waits for the reservation's.
+  const auto until = Clock::now() + std::chrono::seconds(30);
+  while (decode->Stats().preemptions == 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(decode->Stats().preemptions, 0);
+  decode->CancelReservation("held");
+  const FinishInfo info = sink->Wait();
+  EXPECT_EQ(info.reason, FinishReason::kLength) << info.message;
+  EXPECT_EQ(sink->tokens(), alone);
+
+  // 50 + 60 tokens need 7 blocks of a 6-block cache: nothing else holds any, so it fails.
+  GenerationRequest too_long = grow;
+  too_long.id = "too-long";
+  too_long.max_tokens = 60;
+  auto sink2 = std::make_shared<Collector>();
+  ASSERT_TRUE(decode->Submit(too_long, sink2).ok());
+  const FinishInfo failed = sink2->Wait();
+  EXPECT_EQ(failed.reason, FinishReason::kError);
+  EXPECT_NE(failed.message.find("cannot hold"), std::string::npos) << failed.message;
+}
+
 }  // namespace
 }  // namespace tandem::serving

@@ -49,6 +49,8 @@ struct Sequence {
   bool prompt_offered = false;  // prompt blocks given to the prefix cache
   int pool_known = 0;           // leading blocks known to be in the KV pool (read from it)
   int preempted_tokens = 0;     // tokens it had computed when last preempted, until resumed
+  bool waits_for_kv = false;    // preempted itself for KV others held: admitted again only
+                                // with the window storage of its next step too
   std::vector<engine::SampledToken> prompt_lp;  // prompt logprobs gathered so far
   bool prompt_lp_sent = false;                  // the sink has them
   Clock::time_point first_scheduled{};
@@ -209,8 +211,16 @@ class LocalBackendImpl final : public LocalBackend {
   // (sliding layers) the windows behind its end.
   void OfferToPool(Sequence& s);
 
-  // Frees the newest running sequence other than `keep` for recompute later; false if none.
+  // Frees the newest running sequence other than `keep` (and not finished) for recompute
+  // later; false if none.
   bool PreemptOne(const Sequence* keep);
+  // Frees running_[index] for later: its KV offered to the prefix cache and the pool, the
+  // sequence first in the waiting queue.
+  void Preempt(size_t index);
+  // Whether KV blocks are held by anything but `s` that will give them back without `s`
+  // finishing: reservations for pushed KV, waiting sequences that hold their KV, other running
+  // sequences (finished ones until they are reaped).
+  bool KvHeldByOthers(const Sequence& s) const;
 
   // Offers a sequence's computed full blocks to the prefix cache, pinning the window behind
   // their end (sliding-window models) so that the prefix can be resumed from there.

@@ -28,6 +28,13 @@ void LocalBackendImpl::Step() {
       // `s` in running_ unless `s` is last, so the indices before i stay valid).
       bool reserved = ReserveStep(*s, n);
       while (!reserved && PreemptOne(s)) reserved = ReserveStep(*s, n);
+      if (!reserved && KvHeldByOthers(*s)) {
+        // What it lacks is held by reservations, sequences waiting with their KV or finished
+        // ones: they give it back without `s`, so `s` waits for it (preempted itself).
+        s->waits_for_kv = true;
+        Preempt(i--);  // running_[i] is now the next sequence (i wraps to -1 at 0: fine)
+        continue;
+      }
       if (!reserved) {
         SetFinish(*s, FinishReason::kError, "the KV cache cannot hold this sequence");
         continue;
