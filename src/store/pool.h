@@ -137,6 +137,8 @@ class PoolClient {
   // yet; returns how many were newly stored. Objects that find no space are skipped (counted).
   virtual StatusOr<int> Put(const std::vector<std::string>& keys, const std::vector<void*>& srcs,
                             uint64_t size, Clock::time_point deadline) = 0;
+  // Which of `keys` the pool holds (visible objects), or this node's SSD tier (which answers
+  // alone while no master does).
   virtual StatusOr<std::vector<bool>> Exist(const std::vector<std::string>& keys,
                                             Clock::time_point deadline) = 0;
   virtual Status Remove(const std::vector<std::string>& keys, Clock::time_point deadline) = 0;

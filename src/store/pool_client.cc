@@ -186,6 +186,19 @@ class PoolClientImpl final : public PoolClient {
 
   StatusOr<std::vector<bool>> Exist(const std::vector<std::string>& keys,
                                     Clock::time_point deadline) override {
+    StatusOr<std::vector<bool>> held = MasterExist(keys, deadline);
+    if (!ssd_) return held;
+    // This node's SSD tier answers too (GetPrefix reads it where the DRAM pool's prefix ends),
+    // also while no master does.
+    std::vector<bool> out = held.ok() && held->size() == keys.size()
+                                ? *std::move(held)
+                                : std::vector<bool>(keys.size(), false);
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = out[i] || ssd_->Holds(keys[i]);
+    return out;
+  }
+
+  StatusOr<std::vector<bool>> MasterExist(const std::vector<std::string>& keys,
+                                          Clock::time_point deadline) {
     TANDEM_ASSIGN_OR_RETURN(json reply, channel_.Call("/pool/exist", {{"keys", keys}}, deadline));
     try {
       return reply.at("exist").get<std::vector<bool>>();

@@ -144,6 +144,11 @@ class SsdTierImpl final : public SsdTier {
     return true;
   }
 
+  bool Holds(const std::string& key) const override {
+    MutexLock lock(&mu_);
+    return index_.count(key) > 0;
+  }
+
   bool Read(const std::string& key, void* dest, uint64_t size) override {
     {
       MutexLock lock(&mu_);

@@ -55,6 +55,8 @@ class SsdTier {
   // Reads the object into dest (size bytes). True only when the file is there, names this key,
   // has this size and its bytes match its checksum; on false dest may have been overwritten.
   virtual bool Read(const std::string& key, void* dest, uint64_t size) = 0;
+  // Whether a file of the object is indexed (written; not checked until read).
+  virtual bool Holds(const std::string& key) const = 0;
   // Waits until every offer queued so far is written or dropped (tests, shutdown).
   virtual void Flush() = 0;
   virtual SsdTierStats Stats() const = 0;

@@ -63,6 +63,8 @@ TEST_F(SsdTierTest, WhatIsWrittenIsReadBack) {
   EXPECT_EQ(out, a);
   ASSERT_TRUE(t->Read("ns/b", out.data(), kObject));
   EXPECT_EQ(out, b);
+  EXPECT_TRUE(t->Holds("ns/a"));
+  EXPECT_FALSE(t->Holds("ns/c"));
   EXPECT_FALSE(t->Read("ns/c", out.data(), kObject));      // never written
   EXPECT_FALSE(t->Read("ns/a", out.data(), kObject / 2));  // another geometry: a miss
   const SsdTierStats s = t->Stats();
