@@ -358,8 +358,13 @@ class ToolsTest(unittest.TestCase):
         for choice, name in (("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")):
             for temperature, seed, parallel in ((0, None, True), (1.0, 4, True), (0, None, False)):
                 with self.subTest(choice=choice, temperature=temperature, parallel=parallel):
+                    # The constraint ends the answer after 8 calls at most; a sampled call here
+                    # takes 30-70 tokens (its strings are at most 40 characters), so 1,024 tokens
+                    # leave room for 8 long ones: the answer ends with its calls, not its budget.
+                    # (200 was too few for one machine's draws at temperature 1: three long calls
+                    # and the start of a fourth.)
                     r = c.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=TOOLS, tool_choice=choice,
-                                                  max_tokens=200, temperature=temperature, seed=seed,
+                                                  max_tokens=1024, temperature=temperature, seed=seed,
                                                   parallel_tool_calls=parallel)
                     self.assertEqual(r.choices[0].finish_reason, "tool_calls")
                     self.assertIsNone(r.choices[0].message.content)
