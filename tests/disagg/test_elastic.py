@@ -2,6 +2,7 @@
 none is lost or changed (greedy outputs equal those of the same server before any switch)."""
 import concurrent.futures
 import json
+import re
 import time
 import unittest
 import urllib.error
@@ -112,8 +113,11 @@ class IdlePrefillWorkerIsStopped(unittest.TestCase):
                                "--cores", "3", "--planner-interval-s", "0.25",
                                "--planner-dwell-s", "1")
         try:
-            wait_for(lambda: "elastic pools: stopping idle worker prefill-0" in server.log_text(),
-                     60, "an idle prefill worker to be stopped")
+            # Either prefill worker may go: the planner offers the first idle one that has been in
+            # the cluster for the dwell time, and which joined first depends on start-up order.
+            stopped = re.compile(r"elastic pools: stopping idle worker prefill-[01] ")
+            wait_for(lambda: stopped.search(server.log_text()), 60,
+                     "an idle prefill worker to be stopped")
             wait_for(lambda: metric(server.metrics(), "tandem_workers", role="prefill",
                                     state="healthy") == 1, 60, "one prefill worker left")
             m = server.metrics()
@@ -121,7 +125,6 @@ class IdlePrefillWorkerIsStopped(unittest.TestCase):
             self.assertEqual(metric(m, "tandem_worker_restarts_total"), 0)  # stopped, not restarted
             body = requests_mix(2)[1]
             self.assertTrue(text_of(post(server, "/v1/completions", body)))
-            self.assertIn("worker prefill-0", server.log_text())
         finally:
             server.stop()
 
