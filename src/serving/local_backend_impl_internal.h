@@ -225,6 +225,9 @@ class LocalBackendImpl final : public LocalBackend {
   // Offers a sequence's computed full blocks to the prefix cache, pinning the window behind
   // their end (sliding-window models) so that the prefix can be resumed from there.
   void OfferBlocks(Sequence& s);
+  // Pins, in the prefix cache, the windows of the blocks of `table` (position order) that a
+  // sequence resuming at block `end` reads (sliding-window models; nothing otherwise).
+  void PinWindowsBehind(std::span<const int32_t> table, int end);
 
   // Keys of the full blocks among the first n_tokens tokens of `s`, hashing only blocks not
   // hashed before.

@@ -29,10 +29,9 @@ int LocalBackendImpl::ReadFromPool(std::span<const uint64_t> keys, std::span<con
   KvPool& pool = *options_.kv_pool;
   const bool sliding = kv_.num_window_blocks() > 0;
   const int window = kv_.shape().window_tokens;
-  const auto window_start = [&](int n) { return WindowStartBlock(n, block_tokens_, window); };
   // Sliding layers: where the pool holds the windows a resumed sequence reads. Blocks below
   // `from` are the local prefix's, whose windows are stored (PrefixCache::Match).
-  const int lo = sliding ? std::max(from, window_start(from + 1)) : from;
+  const int lo = sliding ? std::max(from, WindowStartBlock(from + 1, block_tokens_, window)) : from;
   std::vector<bool> held;
   int end = want;
   if (sliding) {
@@ -53,9 +52,7 @@ int LocalBackendImpl::ReadFromPool(std::span<const uint64_t> keys, std::span<con
   fetch_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
   fetched_blocks_ += end - from;
   for (int b = from; b < end; ++b) prefix_cache_.Insert(keys[b], table[b]);
-  for (int b = std::max(0, window_start(end)); sliding && b < end; ++b) {
-    if (kv_.HasWindow(table[b])) prefix_cache_.PinWindow(table[b]);
-  }
+  PinWindowsBehind(table, end);
   pool_hit_tokens_.fetch_add(int64_t{end - from} * block_tokens_);
   return end;
 }
@@ -115,8 +112,13 @@ void LocalBackendImpl::OfferBlocks(Sequence& s) {
   const auto keys = KeysOf(s, s.n_computed);
   const size_t n = std::min(keys.size(), s.blocks.size());
   for (size_t i = 0; i < n; ++i) prefix_cache_.Insert(keys[i], s.blocks[i]);
-  for (size_t i = kv_.WindowStartBlock(static_cast<int64_t>(n) * block_tokens_); i < n; ++i) {
-    if (kv_.HasWindow(s.blocks[i])) prefix_cache_.PinWindow(s.blocks[i]);
+  PinWindowsBehind(s.blocks, static_cast<int>(n));
+}
+
+void LocalBackendImpl::PinWindowsBehind(std::span<const int32_t> table, int end) {
+  if (kv_.num_window_blocks() == 0) return;
+  for (int b = kv_.WindowStartBlock(int64_t{end} * block_tokens_); b < end; ++b) {
+    if (kv_.HasWindow(table[b])) prefix_cache_.PinWindow(table[b]);
   }
 }
 
