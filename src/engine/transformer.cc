@@ -277,9 +277,8 @@ void Transformer::Layer(std::span<const BatchItem> batch, PagedKvCache& kv, int 
   ParallelRows(T, [&](int64_t b, int64_t e) {
     RmsNorm(&x_[b * c.dim], L.attn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
   });
-  kernels::MatMul(L.wq, xn_.data(), T, q_.data(), pool_);
-  kernels::MatMul(L.wk, xn_.data(), T, k_.data(), pool_);
-  kernels::MatMul(L.wv, xn_.data(), T, v_.data(), pool_);
+  const kernels::MatMulOutput qkv[] = {{L.wq, q_.data()}, {L.wk, k_.data()}, {L.wv, v_.data()}};
+  kernels::MatMulShared(qkv, xn_.data(), T, pool_);
   if (c.qk_norm) {
     HeadNorm(q_.data(), c.n_heads, L.attn_q_norm);
     HeadNorm(k_.data(), c.n_kv_heads, L.attn_k_norm);
@@ -298,8 +297,8 @@ void Transformer::Layer(std::span<const BatchItem> batch, PagedKvCache& kv, int 
   ParallelRows(T, [&](int64_t b, int64_t e) {
     RmsNorm(&x_[b * c.dim], L.ffn_norm.data(), e - b, c.dim, c.rms_eps, &xn_[b * c.dim]);
   });
-  kernels::MatMul(L.w_gate, xn_.data(), T, gate_.data(), pool_);
-  kernels::MatMul(L.w_up, xn_.data(), T, up_.data(), pool_);
+  const kernels::MatMulOutput gate_up[] = {{L.w_gate, gate_.data()}, {L.w_up, up_.data()}};
+  kernels::MatMulShared(gate_up, xn_.data(), T, pool_);
   ParallelRows(T, [&](int64_t b, int64_t e) {
     const int64_t n = (e - b) * c.ffn_dim;
     if (c.ffn_activation == model::FfnActivation::kGeluTanh) {

@@ -16,6 +16,7 @@
 namespace tandem::kernels::internal {
 
 inline constexpr int64_t kActChunkBytes = 384 << 10;  // activation bytes per pass (L2-sized)
+inline constexpr int64_t kPrefetchTiles = 4;          // how far ahead weight rows are prefetched
 
 inline bool IsFloatType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
@@ -52,6 +53,14 @@ void TiledGemm(const GemmParts<Layout>& parts, const WeightView& w, const uint8_
     const int64_t c1 = std::min(m, c0 + chunk);
     for (int64_t rr = r0; rr < r1; rr += kTileRows) {
       const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
+      // The source rows kPrefetchTiles tiles ahead, ahead of the hardware prefetcher: decode
+      // (one activation row) streams the weights once and is otherwise memory-latency bound.
+      if (c0 == 0) {
+        const int64_t ahead = rr + kPrefetchTiles * kTileRows;
+        const int64_t rows = std::min<int64_t>(kTileRows, r1 - ahead);
+        const uint8_t* next = src + ahead * src_row_bytes;
+        for (int64_t off = 0; off < rows * src_row_bytes; off += 64) __builtin_prefetch(next + off);
+      }
       for (int i = 0; i < kTileRows; ++i) {
         uint8_t* dst = tile + i * tile_row_bytes;
         if (i < nr) {

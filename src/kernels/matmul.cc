@@ -2,6 +2,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,35 +41,77 @@ uint8_t* ThreadScratch(int slot, size_t bytes) {
 }  // namespace internal
 
 void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
-  if (m <= 0 || w.rows <= 0) return;
-  const int64_t k = w.cols;
-  TANDEM_CHECK(IsWeightType(w.dtype) && k > 0 && k % GetDTypeInfo(w.dtype).block_elems == 0)
-      << "MatMul: unsupported weight " << GetDTypeInfo(w.dtype).name << " with " << k << " columns";
+  const MatMulOutput out{w, y};
+  MatMulShared({&out, 1}, x, m, pool);
+}
+
+void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m, ThreadPool* pool) {
+  const auto n_outs = static_cast<int>(outs.size());
+  if (m <= 0 || n_outs == 0) return;
+  TANDEM_CHECK(n_outs <= kMaxSharedOutputs) << "MatMulShared: " << n_outs << " outputs";
+  const int64_t k = outs[0].w.cols;
   const IsaImpl* isa = CurrentIsa();
-  const int64_t act_row_bytes = isa->act_row_bytes(w.dtype, k);
-  uint8_t* act = internal::ThreadScratch(0, static_cast<size_t>(m * act_row_bytes));
+  // Outputs whose weights share a dtype share one converted activation matrix ("format").
+  std::array<DType, kMaxSharedOutputs> format_type{};
+  std::array<int64_t, kMaxSharedOutputs> format_offset{};  // bytes into the scratch buffer
+  std::array<int64_t, kMaxSharedOutputs> format_row_bytes{};
+  std::array<int, kMaxSharedOutputs> format_of{};          // by output
+  std::array<int64_t, kMaxSharedOutputs + 1> first_row{};  // of each output in the joint range
+  int n_formats = 0;
+  int64_t scratch_bytes = 0;
+  for (int o = 0; o < n_outs; ++o) {
+    const WeightView& w = outs[o].w;
+    TANDEM_CHECK(IsWeightType(w.dtype) && w.cols == k && k > 0 &&
+                 k % GetDTypeInfo(w.dtype).block_elems == 0)
+        << "MatMul: unsupported weight " << GetDTypeInfo(w.dtype).name << " with " << w.cols
+        << " columns (expected " << k << ")";
+    int f = 0;
+    while (f < n_formats && format_type[f] != w.dtype) ++f;
+    if (f == n_formats) {
+      format_type[f] = w.dtype;
+      format_offset[f] = scratch_bytes;
+      format_row_bytes[f] = isa->act_row_bytes(w.dtype, k);
+      scratch_bytes += m * format_row_bytes[f];
+      ++n_formats;
+    }
+    format_of[o] = f;
+    first_row[o + 1] = first_row[o] + std::max<int64_t>(0, w.rows);
+  }
+  const int64_t total_rows = first_row[n_outs];
+  if (total_rows == 0) return;
+  uint8_t* act = internal::ThreadScratch(0, static_cast<size_t>(scratch_bytes));
   const bool parallel = pool != nullptr && pool->num_threads() > 1;
 
   auto quantize = [&](int64_t begin, int64_t end, int) {
-    for (int64_t i = begin; i < end; ++i) {
-      isa->quantize_act(w.dtype, x + i * k, k, act + i * act_row_bytes);
+    for (int f = 0; f < n_formats; ++f) {
+      for (int64_t i = begin; i < end; ++i) {
+        isa->quantize_act(format_type[f], x + i * k, k,
+                          act + format_offset[f] + i * format_row_bytes[f]);
+      }
     }
   };
   if (parallel) {
-    pool->ParallelFor(m, quantize, std::max<int64_t>(1, kMinQuantizePerThread / k));
+    pool->ParallelFor(m, quantize, std::max<int64_t>(1, kMinQuantizePerThread / (k * n_formats)));
   } else {
     quantize(0, m, 0);
   }
 
+  // Rows [begin, end) of the outputs laid end to end.
   auto gemm = [&](int64_t begin, int64_t end, int) {
-    isa->gemm(w, act, act_row_bytes, m, begin, end, y, w.rows);
+    for (int o = 0; o < n_outs; ++o) {
+      const int64_t lo = std::max(begin, first_row[o]), hi = std::min(end, first_row[o + 1]);
+      if (lo >= hi) continue;
+      const int f = format_of[o];
+      isa->gemm(outs[o].w, act + format_offset[f], format_row_bytes[f], m, lo - first_row[o],
+                hi - first_row[o], outs[o].y, outs[o].w.rows);
+    }
   };
   if (parallel) {
     const int64_t rows_per_thread = (kMinWorkPerThread + m * k - 1) / (m * k);
-    pool->ParallelFor(w.rows, gemm,
+    pool->ParallelFor(total_rows, gemm,
                       internal::RoundUp(std::max(kRowGrain, rows_per_thread), kRowGrain));
   } else {
-    gemm(0, w.rows, 0);
+    gemm(0, total_rows, 0);
   }
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "common/dtype.h"
 #include "common/thread_pool.h"
@@ -35,6 +36,21 @@ struct WeightView {
 // else aborts. Output rows are split across the pool's threads when each gets enough work
 // (~256K multiply-adds); scratch memory is per thread and reused across calls.
 void MatMul(const WeightView& w, const float* x, int64_t m, float* y, ThreadPool* pool);
+
+// One product of a MatMulShared call: y[m, w.rows] = x[m, w.cols] · w^T, row-major, overwritten.
+struct MatMulOutput {
+  WeightView w;
+  float* y;
+};
+
+// Several products of the same input x[m, cols] (every w.cols equal; at most kMaxSharedOutputs),
+// such as a layer's Q, K and V or its gate and up projections. x is converted once per
+// activation format, and the rows of all outputs are split across the pool's threads in one
+// parallel region, which saves the per-call costs that dominate small decode matmuls. Every
+// output row equals what MatMul gives for it, bit for bit (each row's dot products take the
+// same path whatever rows share its call or its thread).
+inline constexpr int kMaxSharedOutputs = 4;
+void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m, ThreadPool* pool);
 
 // Dequantizes one row of n elements into dst (float32). Any DType, including Q8_1 / Q8_K.
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);

@@ -235,6 +235,50 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatMulTest,
                            return std::string(GetDTypeInfo(info.param).name);
                          });
 
+// MatMulShared (Q/K/V, gate/up in one call) gives every output exactly what MatMul gives it
+// alone: mixed weight types (one activation conversion each), outputs of different heights whose
+// rows the threads split unevenly, decode and batch shapes, every ISA and thread count.
+TEST(MatMulSharedTest, EachOutputEqualsItsOwnMatMul) {
+  constexpr int64_t k = 512;  // a multiple of every block size (Q4_K / Q6_K: 256)
+  const Problem q = MakeProblem(DType::kQ4_K, 72, k, 9, 21);
+  const Problem kk = MakeProblem(DType::kQ4_K, 24, k, 1, 22);
+  const Problem v = MakeProblem(DType::kQ6_K, 40, k, 1, 23);
+  const Problem u = MakeProblem(DType::kQ8_0, 300, k, 1, 24);
+  const std::vector<float>& x = q.x;  // 9 activation rows shared by all four
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (const char* isa : AvailableIsas()) {
+      ASSERT_TRUE(ForceIsa(isa));
+      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{9}}) {
+        std::vector<std::vector<float>> shared, alone;
+        std::vector<MatMulOutput> outs;
+        for (const Problem* p : {&q, &kk, &v, &u}) {
+          shared.emplace_back(m * p->n, std::nanf(""));
+          alone.emplace_back(m * p->n, std::nanf(""));
+          const WeightView w{p->t, p->n, k, p->w.data()};
+          outs.push_back({w, shared.back().data()});
+          MatMul(w, x.data(), m, alone.back().data(), &pool);
+        }
+        MatMulShared(outs, x.data(), m, &pool);
+        for (size_t o = 0; o < outs.size(); ++o) {
+          ASSERT_EQ(0,
+                    std::memcmp(alone[o].data(), shared[o].data(), alone[o].size() * sizeof(float)))
+              << isa << " output " << o << " m=" << m << " threads " << threads;
+        }
+      }
+    }
+  }
+}
+
+TEST(MatMulSharedTest, DifferentWidthsAbort) {
+  const Problem a = MakeProblem(DType::kQ8_0, 8, 64, 1, 31);
+  const Problem b = MakeProblem(DType::kQ8_0, 8, 96, 1, 32);
+  std::vector<float> ya(8), yb(8);
+  const MatMulOutput outs[] = {{WeightView{a.t, a.n, a.k, a.w.data()}, ya.data()},
+                               {WeightView{b.t, b.n, b.k, b.w.data()}, yb.data()}};
+  EXPECT_DEATH(MatMulShared(outs, a.x.data(), 1, nullptr), "expected 64");
+}
+
 // Q5_0 on the shapes Gemma 3 270M gives it (attn_q 1024 x 640, attn_k 256 x 640, ffn_gate and
 // ffn_up 2048 x 640), one instruction set per test so that a missing one skips only itself.
 class MatMulQ5_0Test : public ::testing::TestWithParam<const char*> {};
