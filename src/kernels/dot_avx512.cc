@@ -266,6 +266,98 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
 }
 
+// The same products as PackRow + QKernel<C> for Q4_0 / Q4_1 / Q5_0 / Q8_0 weights and C <= 4
+// activation rows, with each weight group unpacked in registers and used at once instead of
+// stored to a tile and read back (with so few activation rows a tile is read only once). The
+// arithmetic per (weight row, activation row) is QKernel's, in the same order, so the outputs are
+// bit-identical to the tiled path's: batch invariance does not depend on which path ran.
+template <DType kType, int C>
+void SplitDirect(const WeightView& w, const uint8_t* act, int64_t astride, const QLayout& L,
+                 int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const int64_t k = w.cols, nb = k / 32, row_bytes = RowBytes(kType, k);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  // PackSplit's per-block additive terms (mw), one row of nmin16 per weight row.
+  auto* mw = reinterpret_cast<float*>(ThreadScratch(1, 4 * L.nmin16 * sizeof(float)));
+  std::memset(mw, 0, 4 * L.nmin16 * sizeof(float));
+  const __m256i pick = kType == DType::kQ4_1 ? _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)
+                                             : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  const float offset = kType == DType::kQ4_1   ? 1.f
+                       : kType == DType::kQ4_0 ? -8.f
+                       : kType == DType::kQ5_0 ? -16.f
+                                               : -128.f;
+  for (int64_t rr = r0; rr < r1; rr += kTileRows) {
+    PrefetchRowsAhead<kTileRows>(src, row_bytes, rr, r1);
+    const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
+    const uint8_t* row[4];
+    for (int r = 0; r < 4; ++r) row[r] = src + (rr + std::min(r, nr - 1)) * row_bytes;
+    __m512 acc[4][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < L.groups; ++g) {
+      __m512i a_a[C], a_b[C];
+      __m512 sa[C];
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* a = act + c * astride;
+        a_a[c] = Load(a + g * 128);
+        a_b[c] = Load(a + g * 128 + 64);
+        sa[c] = _mm512_loadu_ps(a + L.act_sa() + g * 64);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        SplitGroup q;
+        if constexpr (kType == DType::kQ5_0) {
+          q = LoadQ5_0Group(row[r], g, nb);
+        } else {
+          q = LoadSplitGroup<kType>(row[r], g, nb);
+        }
+        const __m512 sw = Expand4Even(q.f);
+        const __m256 m = _mm256_mul_ps(_mm256_permutevar8x32_ps(q.f, pick), _mm256_set1_ps(offset));
+        _mm_storeu_ps(mw + r * L.nmin16 + 4 * g, _mm256_castps256_ps128(m));
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+          const __m512i dot = DotPair(q.a, q.b, a_a[c], a_b[c]);
+          acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sw, sa[c]), acc[r][c]);
+        }
+      }
+    }
+    for (int64_t b = 0; b < L.nmin16; b += 16) {
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        const __m512 s = _mm512_loadu_ps(act + c * astride + L.act_ss() + 4 * b);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(mw + r * L.nmin16 + b), s, acc[r][c]);
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      Store4(y + c * ldy + rr, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+  }
+}
+
+using DirectFn = void (*)(const WeightView&, const uint8_t*, int64_t, const QLayout&, int64_t,
+                          int64_t, float*, int64_t);
+template <DType kType>
+constexpr DirectFn kSplitDirect[4] = {SplitDirect<kType, 1>, SplitDirect<kType, 2>,
+                                      SplitDirect<kType, 3>, SplitDirect<kType, 4>};
+
+// The direct kernel for m activation rows of weights of type t, or null where the tiled path
+// runs (more rows, which reuse a packed tile; or a type without a direct kernel).
+DirectFn PickDirect(DType t, int64_t m) {
+  if (m < 1 || m > 4) return nullptr;
+  switch (t) {
+    case DType::kQ4_0: return kSplitDirect<DType::kQ4_0>[m - 1];
+    case DType::kQ4_1: return kSplitDirect<DType::kQ4_1>[m - 1];
+    case DType::kQ5_0: return kSplitDirect<DType::kQ5_0>[m - 1];
+    case DType::kQ8_0: return kSplitDirect<DType::kQ8_0>[m - 1];
+    default: return nullptr;
+  }
+}
+
 using KernelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, const QLayout&, float*,
                           int64_t, int);
 void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m, int64_t r0,
@@ -273,6 +365,10 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
   static constexpr KernelFn kQ[4] = {QKernel<1>, QKernel<2>, QKernel<3>, QKernel<4>};
   static constexpr KernelFn kF[4] = {FKernel<1>, FKernel<2>, FKernel<3>, FKernel<4>};
   const QLayout L(w.cols, w.dtype);
+  if (const DirectFn direct = PickDirect(w.dtype, m)) {
+    direct(w, act, act_row_bytes, L, r0, r1, y, ldy);
+    return;
+  }
   const bool is_float = IsFloat(w.dtype);
   const GemmParts<QLayout> parts{L, is_float ? L.k16 * 4 : L.w_bytes(), is_float ? kF : kQ,
                                  PackRow};

@@ -22,6 +22,17 @@ inline bool IsFloatType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
+// Prefetches the source rows kPrefetchTiles tiles past tile rr (clipped to r1), ahead of the
+// hardware prefetcher: decode (few activation rows) streams the weights once and is otherwise
+// bound by how many cache misses one core keeps in flight.
+template <int kTileRows>
+inline void PrefetchRowsAhead(const uint8_t* src, int64_t src_row_bytes, int64_t rr, int64_t r1) {
+  const int64_t ahead = rr + kPrefetchTiles * kTileRows;
+  const int64_t rows = std::min<int64_t>(kTileRows, r1 - ahead);
+  const uint8_t* next = src + ahead * src_row_bytes;
+  for (int64_t off = 0; off < rows * src_row_bytes; off += 64) __builtin_prefetch(next + off);
+}
+
 // The ISA's pieces. Kernel: y[c * ldy + r] for tile rows r < nr (of kTileRows) and nc = index+1
 // activation rows starting at act; Pack: one weight row of k elements into tile_row_bytes.
 template <typename Layout>
@@ -53,14 +64,7 @@ void TiledGemm(const GemmParts<Layout>& parts, const WeightView& w, const uint8_
     const int64_t c1 = std::min(m, c0 + chunk);
     for (int64_t rr = r0; rr < r1; rr += kTileRows) {
       const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
-      // The source rows kPrefetchTiles tiles ahead, ahead of the hardware prefetcher: decode
-      // (one activation row) streams the weights once and is otherwise memory-latency bound.
-      if (c0 == 0) {
-        const int64_t ahead = rr + kPrefetchTiles * kTileRows;
-        const int64_t rows = std::min<int64_t>(kTileRows, r1 - ahead);
-        const uint8_t* next = src + ahead * src_row_bytes;
-        for (int64_t off = 0; off < rows * src_row_bytes; off += 64) __builtin_prefetch(next + off);
-      }
+      if (c0 == 0) PrefetchRowsAhead<kTileRows>(src, src_row_bytes, rr, r1);
       for (int i = 0; i < kTileRows; ++i) {
         uint8_t* dst = tile + i * tile_row_bytes;
         if (i < nr) {
