@@ -266,25 +266,104 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
 }
 
-// The same products as PackRow + QKernel<C> for Q4_0 / Q4_1 / Q5_0 / Q8_0 weights and C <= 4
-// activation rows, with each weight group unpacked in registers and used at once instead of
-// stored to a tile and read back (with so few activation rows a tile is read only once). The
-// arithmetic per (weight row, activation row) is QKernel's, in the same order, so the outputs are
-// bit-identical to the tiled path's: batch invariance does not depend on which path ran.
-template <DType kType, int C>
-void SplitDirect(const WeightView& w, const uint8_t* act, int64_t astride, const QLayout& L,
-                 int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t k = w.cols, nb = k / 32, row_bytes = RowBytes(kType, k);
+// One weight group as PackRow lays it out, built in registers: halves a / b, lane scales sw, and
+// the group's additive terms written into mw (the row's nmin16 floats, PackRow's w_mw part).
+struct GroupRegs {
+  __m512i a, b;
+  __m512 sw;
+};
+
+// Q4_0 / Q4_1 / Q5_0 / Q8_0 (PackSplit).
+template <DType kType>
+struct SplitReader {
+  int64_t nb;  // blocks of 32 in a row
+  __m256i pick = kType == DType::kQ4_1 ? _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)
+                                       : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  float offset = kType == DType::kQ4_1   ? 1.f
+                 : kType == DType::kQ4_0 ? -8.f
+                 : kType == DType::kQ5_0 ? -16.f
+                                         : -128.f;
+  GroupRegs Read(const uint8_t* row, int64_t g, float* mw) const {
+    SplitGroup q;
+    if constexpr (kType == DType::kQ5_0) {
+      q = LoadQ5_0Group(row, g, nb);
+    } else {
+      q = LoadSplitGroup<kType>(row, g, nb);
+    }
+    const __m256 m = _mm256_mul_ps(_mm256_permutevar8x32_ps(q.f, pick), _mm256_set1_ps(offset));
+    _mm_storeu_ps(mw + 4 * g, _mm256_castps256_ps128(m));
+    return {q.a, q.b, Expand4Even(q.f)};
+  }
+};
+
+// Q4_K (PackQ4_K): group g is half g % 2 of super-block g / 2.
+struct Q4KReader {
+  int64_t nb;  // unused: K-quant rows are whole super-blocks
+  GroupRegs Read(const uint8_t* row, int64_t g, float* mw) const {
+    const int64_t sb = g / 2;
+    const int h = static_cast<int>(g % 2);
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row + sb * sizeof(BlockQ4_K));
+    uint32_t u[3];
+    std::memcpy(u, blk->scales, 12);
+    const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
+    const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0)));
+    const __m256 scale = _mm256_mul_ps(sc, _mm256_set1_ps(_cvtsh_ss(blk->d)));
+    if (h == 0) {
+      const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+      const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+          _mm_setr_epi32(static_cast<int>(m_lo), static_cast<int>(m_hi), 0, 0)));
+      _mm256_storeu_ps(mw + 8 * sb, _mm256_mul_ps(mn, _mm256_set1_ps(-_cvtsh_ss(blk->dmin))));
+    }
+    const __m512i v = Load(blk->qs + 64 * h);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lo = _mm512_and_si512(v, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    const __m128 s4 = h == 0 ? _mm256_castps256_ps128(scale) : _mm256_extractf128_ps(scale, 1);
+    return {_mm512_permutex2var_epi32(lo, Load(kIdxQ4K[0].data()), hi),
+            _mm512_permutex2var_epi32(lo, Load(kIdxQ4K[1].data()), hi), Expand4(s4)};
+  }
+};
+
+// Q6_K (PackQ6_K): group g is half g % 2 of super-block g / 2.
+struct Q6KReader {
+  int64_t nb;  // unused
+  GroupRegs Read(const uint8_t* row, int64_t g, float* mw) const {
+    const int64_t sb = g / 2;
+    const int h = static_cast<int>(g % 2);
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(row + sb * sizeof(BlockQ6_K));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(blk->d));
+    const __m512i ql = Load(blk->ql + 64 * h);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
+    const __m512i hx = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i h_lo = _mm512_slli_epi16(_mm512_and_si512(hx, m3), 4);
+    const __m512i h_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hx, 4), m3), 4);
+    const __m512i n0 = _mm512_or_si512(_mm512_and_si512(ql, m4), h_lo);
+    const __m512i n1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h_hi);
+    const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->scales + 8 * h));
+    const __m256 scale = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+    _mm256_storeu_ps(mw + 16 * sb + 8 * h, _mm256_mul_ps(scale, _mm256_set1_ps(-32.f)));
+    return {_mm512_permutex2var_epi32(n0, Load(kIdxLanes[0].data()), n1),
+            _mm512_permutex2var_epi32(n0, Load(kIdxLanes[1].data()), n1), Expand8(scale)};
+  }
+};
+
+// The same products as PackRow + QKernel<C> for C <= 4 activation rows, with each weight group
+// built in registers (Reader) and used at once instead of stored to a tile and read back (with so
+// few activation rows a tile is read only once). The arithmetic per (weight row, activation row)
+// is QKernel's, in the same order, so the outputs are bit-identical to the tiled path's: batch
+// invariance does not depend on which path ran.
+template <typename Reader, int C>
+void Direct(const WeightView& w, const uint8_t* act, int64_t astride, const QLayout& L, int64_t r0,
+            int64_t r1, float* y, int64_t ldy) {
+  const int64_t row_bytes = RowBytes(w.dtype, w.cols);
+  const Reader reader{w.cols / 32};
   const auto* src = static_cast<const uint8_t*>(w.data);
-  // PackSplit's per-block additive terms (mw), one row of nmin16 per weight row.
+  // PackRow's additive terms (mw), nmin16 per weight row; the tail past the groups stays 0.
   auto* mw = reinterpret_cast<float*>(ThreadScratch(1, 4 * L.nmin16 * sizeof(float)));
   std::memset(mw, 0, 4 * L.nmin16 * sizeof(float));
-  const __m256i pick = kType == DType::kQ4_1 ? _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)
-                                             : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-  const float offset = kType == DType::kQ4_1   ? 1.f
-                       : kType == DType::kQ4_0 ? -8.f
-                       : kType == DType::kQ5_0 ? -16.f
-                                               : -128.f;
   for (int64_t rr = r0; rr < r1; rr += kTileRows) {
     PrefetchRowsAhead<kTileRows>(src, row_bytes, rr, r1);
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
@@ -308,19 +387,12 @@ void SplitDirect(const WeightView& w, const uint8_t* act, int64_t astride, const
       }
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        SplitGroup q;
-        if constexpr (kType == DType::kQ5_0) {
-          q = LoadQ5_0Group(row[r], g, nb);
-        } else {
-          q = LoadSplitGroup<kType>(row[r], g, nb);
-        }
-        const __m512 sw = Expand4Even(q.f);
-        const __m256 m = _mm256_mul_ps(_mm256_permutevar8x32_ps(q.f, pick), _mm256_set1_ps(offset));
-        _mm_storeu_ps(mw + r * L.nmin16 + 4 * g, _mm256_castps256_ps128(m));
+        const GroupRegs q = reader.Read(row[r], g, mw + r * L.nmin16);
 #pragma GCC unroll 4
         for (int c = 0; c < C; ++c) {
           const __m512i dot = DotPair(q.a, q.b, a_a[c], a_b[c]);
-          acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sw, sa[c]), acc[r][c]);
+          acc[r][c] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(q.sw, sa[c]), acc[r][c]);
         }
       }
     }
@@ -341,19 +413,21 @@ void SplitDirect(const WeightView& w, const uint8_t* act, int64_t astride, const
 
 using DirectFn = void (*)(const WeightView&, const uint8_t*, int64_t, const QLayout&, int64_t,
                           int64_t, float*, int64_t);
-template <DType kType>
-constexpr DirectFn kSplitDirect[4] = {SplitDirect<kType, 1>, SplitDirect<kType, 2>,
-                                      SplitDirect<kType, 3>, SplitDirect<kType, 4>};
+template <typename Reader>
+constexpr DirectFn kDirect[4] = {Direct<Reader, 1>, Direct<Reader, 2>, Direct<Reader, 3>,
+                                 Direct<Reader, 4>};
 
 // The direct kernel for m activation rows of weights of type t, or null where the tiled path
-// runs (more rows, which reuse a packed tile; or a type without a direct kernel).
+// runs (more rows, which reuse a packed tile; or the float types).
 DirectFn PickDirect(DType t, int64_t m) {
   if (m < 1 || m > 4) return nullptr;
   switch (t) {
-    case DType::kQ4_0: return kSplitDirect<DType::kQ4_0>[m - 1];
-    case DType::kQ4_1: return kSplitDirect<DType::kQ4_1>[m - 1];
-    case DType::kQ5_0: return kSplitDirect<DType::kQ5_0>[m - 1];
-    case DType::kQ8_0: return kSplitDirect<DType::kQ8_0>[m - 1];
+    case DType::kQ4_0: return kDirect<SplitReader<DType::kQ4_0>>[m - 1];
+    case DType::kQ4_1: return kDirect<SplitReader<DType::kQ4_1>>[m - 1];
+    case DType::kQ5_0: return kDirect<SplitReader<DType::kQ5_0>>[m - 1];
+    case DType::kQ8_0: return kDirect<SplitReader<DType::kQ8_0>>[m - 1];
+    case DType::kQ4_K: return kDirect<Q4KReader>[m - 1];
+    case DType::kQ6_K: return kDirect<Q6KReader>[m - 1];
     default: return nullptr;
   }
 }
