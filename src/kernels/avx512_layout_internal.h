@@ -31,6 +31,7 @@
 #include "common/dtype.h"
 #include "kernels/gemm_driver_internal.h"
 #include "kernels/isa_internal.h"
+#include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels::internal::avx512 {
 
@@ -203,6 +204,92 @@ inline SplitGroup LoadQ5_0Group(const uint8_t* row, int64_t g, int64_t nb) {
   s.f = _mm256_cvtph_ps(_mm512_castsi512_si128(w));
   return s;
 }
+
+inline __m512i LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
+
+// One weight group as PackRow lays it out, built in registers: halves a / b, lane scales sw, and
+// the group's additive terms written into mw (the row's nmin16 floats, PackRow's w_mw part).
+struct GroupRegs {
+  __m512i a, b;
+  __m512 sw;
+};
+
+// Q4_0 / Q4_1 / Q5_0 / Q8_0 (PackSplit).
+template <DType kType>
+struct SplitReader {
+  int64_t nb;  // blocks of 32 in a row
+  __m256i pick = kType == DType::kQ4_1 ? _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)
+                                       : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  float offset = kType == DType::kQ4_1   ? 1.f
+                 : kType == DType::kQ4_0 ? -8.f
+                 : kType == DType::kQ5_0 ? -16.f
+                                         : -128.f;
+  GroupRegs Read(const uint8_t* row, int64_t g, float* mw) const {
+    SplitGroup q;
+    if constexpr (kType == DType::kQ5_0) {
+      q = LoadQ5_0Group(row, g, nb);
+    } else {
+      q = LoadSplitGroup<kType>(row, g, nb);
+    }
+    const __m256 m = _mm256_mul_ps(_mm256_permutevar8x32_ps(q.f, pick), _mm256_set1_ps(offset));
+    _mm_storeu_ps(mw + 4 * g, _mm256_castps256_ps128(m));
+    return {q.a, q.b, Expand4Even(q.f)};
+  }
+};
+
+// Q4_K (PackQ4_K): group g is half g % 2 of super-block g / 2.
+struct Q4KReader {
+  int64_t nb;  // unused: K-quant rows are whole super-blocks
+  GroupRegs Read(const uint8_t* row, int64_t g, float* mw) const {
+    const int64_t sb = g / 2;
+    const int h = static_cast<int>(g % 2);
+    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row + sb * sizeof(BlockQ4_K));
+    uint32_t u[3];
+    std::memcpy(u, blk->scales, 12);
+    const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
+    const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0)));
+    const __m256 scale = _mm256_mul_ps(sc, _mm256_set1_ps(_cvtsh_ss(blk->d)));
+    if (h == 0) {
+      const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+      const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+          _mm_setr_epi32(static_cast<int>(m_lo), static_cast<int>(m_hi), 0, 0)));
+      _mm256_storeu_ps(mw + 8 * sb, _mm256_mul_ps(mn, _mm256_set1_ps(-_cvtsh_ss(blk->dmin))));
+    }
+    const __m512i v = LoadBytes(blk->qs + 64 * h);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lo = _mm512_and_si512(v, m4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    const __m128 s4 = h == 0 ? _mm256_castps256_ps128(scale) : _mm256_extractf128_ps(scale, 1);
+    return {_mm512_permutex2var_epi32(lo, LoadBytes(kIdxQ4K[0].data()), hi),
+            _mm512_permutex2var_epi32(lo, LoadBytes(kIdxQ4K[1].data()), hi), Expand4(s4)};
+  }
+};
+
+// Q6_K (PackQ6_K): group g is half g % 2 of super-block g / 2.
+struct Q6KReader {
+  int64_t nb;  // unused
+  GroupRegs Read(const uint8_t* row, int64_t g, float* mw) const {
+    const int64_t sb = g / 2;
+    const int h = static_cast<int>(g % 2);
+    const auto* blk = reinterpret_cast<const BlockQ6_K*>(row + sb * sizeof(BlockQ6_K));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(blk->d));
+    const __m512i ql = LoadBytes(blk->ql + 64 * h);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
+    const __m512i hx = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i h_lo = _mm512_slli_epi16(_mm512_and_si512(hx, m3), 4);
+    const __m512i h_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hx, 4), m3), 4);
+    const __m512i n0 = _mm512_or_si512(_mm512_and_si512(ql, m4), h_lo);
+    const __m512i n1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h_hi);
+    const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk->scales + 8 * h));
+    const __m256 scale = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+    _mm256_storeu_ps(mw + 16 * sb + 8 * h, _mm256_mul_ps(scale, _mm256_set1_ps(-32.f)));
+    return {_mm512_permutex2var_epi32(n0, LoadBytes(kIdxLanes[0].data()), n1),
+            _mm512_permutex2var_epi32(n0, LoadBytes(kIdxLanes[1].data()), n1), Expand8(scale)};
+  }
+};
 
 // Packs one weight row (k elements of type t, GGUF layout) into a tile row.
 void PackRow(DType t, const uint8_t* src, int64_t k, uint8_t* dst);
