@@ -193,10 +193,38 @@ inline __m512i DotPair(__m512i w_a, __m512i w_b, __m512i a_a, __m512i a_b) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w_a, a_a), w_b, a_b);
 }
 
-// 4 packed weight rows x C activation rows, quantized types.
-template <int C>
-void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t astride,
-             const QLayout& L, float* y, int64_t ldy, int nr) {
+// Weight groups read back from a packed tile (PackRow's layout), 4 rows wstride apart.
+struct TileGroups {
+  const uint8_t* tile;
+  int64_t wstride;
+  const QLayout& L;
+  GroupRegs Group(int r, int64_t g) const {
+    const uint8_t* w = tile + r * wstride;
+    return {Load(w + g * 128), Load(w + g * 128 + 64), _mm512_loadu_ps(w + L.w_sw() + g * 64)};
+  }
+  const float* Mw(int r) const {
+    return reinterpret_cast<const float*>(tile + r * wstride + L.w_mw());
+  }
+};
+
+// Weight groups built in registers from 4 GGUF rows as they are used (Reader), their additive
+// terms collected in mw (4 x nmin16 floats, zero past the groups).
+template <typename Reader>
+struct RowGroups {
+  const Reader& reader;
+  const uint8_t* const* rows;
+  float* mw;
+  int64_t nmin16;
+  GroupRegs Group(int r, int64_t g) const { return reader.Read(rows[r], g, mw + r * nmin16); }
+  const float* Mw(int r) const { return mw + r * nmin16; }
+};
+
+// 4 weight rows x C activation rows, quantized types; the weights come from Groups (a packed
+// tile or the GGUF rows). One body for both sources, so an output is bit-identical whichever
+// path computed it.
+template <int C, typename Groups>
+void QDot(const Groups& w, const uint8_t* act, int64_t astride, const QLayout& L, float* y,
+          int64_t ldy, int nr) {
   __m512 acc[4][C];
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) {
@@ -215,13 +243,11 @@ void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const uint8_t* w = wt + r * wstride;
-      const __m512i w_a = Load(w + g * 128), w_b = Load(w + g * 128 + 64);
-      const __m512 sw = _mm512_loadu_ps(w + L.w_sw() + g * 64);
+      const GroupRegs q = w.Group(r, g);
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
-        const __m512i s = DotPair(w_a, w_b, a_a[c], a_b[c]);
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sw, sa[c]), acc[r][c]);
+        const __m512i s = DotPair(q.a, q.b, a_a[c], a_b[c]);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(q.sw, sa[c]), acc[r][c]);
       }
     }
   }
@@ -230,14 +256,19 @@ void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     for (int c = 0; c < C; ++c) {
       const __m512 s = _mm512_loadu_ps(act + c * astride + L.act_ss() + 4 * b);
 #pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {
-        const __m512 m = _mm512_loadu_ps(wt + r * wstride + L.w_mw() + 4 * b);
-        acc[r][c] = _mm512_fmadd_ps(m, s, acc[r][c]);
-      }
+      for (int r = 0; r < 4; ++r)
+        acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(w.Mw(r) + b), s, acc[r][c]);
     }
   }
   for (int c = 0; c < C; ++c)
     Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+}
+
+// 4 packed weight rows x C activation rows, quantized types.
+template <int C>
+void QKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t astride,
+             const QLayout& L, float* y, int64_t ldy, int nr) {
+  QDot<C>(TileGroups{wt, wstride, L}, act, astride, L, y, ldy, nr);
 }
 
 // 4 packed weight rows x C activation rows, float types.
@@ -266,64 +297,24 @@ void FKernel(const uint8_t* wt, int64_t wstride, const uint8_t* act, int64_t ast
     Store4(y + c * ldy, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
 }
 
-// The same products as PackRow + QKernel<C> for C <= 4 activation rows, with each weight group
-// built in registers (Reader) and used at once instead of stored to a tile and read back (with so
-// few activation rows a tile is read only once). The arithmetic per (weight row, activation row)
-// is QKernel's, in the same order, so the outputs are bit-identical to the tiled path's: batch
-// invariance does not depend on which path ran.
+// PackRow + QKernel<C> for C <= 4 activation rows without the tile: each weight group is built
+// in registers (Reader) and used at once (with so few activation rows a tile would be read back
+// only once). QDot does the arithmetic, so outputs are bit-identical to the tiled path's and
+// batch invariance does not depend on which path ran.
 template <typename Reader, int C>
 void Direct(const WeightView& w, const uint8_t* act, int64_t astride, const QLayout& L, int64_t r0,
             int64_t r1, float* y, int64_t ldy) {
   const int64_t row_bytes = RowBytes(w.dtype, w.cols);
   const Reader reader{w.cols / 32};
   const auto* src = static_cast<const uint8_t*>(w.data);
-  // PackRow's additive terms (mw), nmin16 per weight row; the tail past the groups stays 0.
   auto* mw = reinterpret_cast<float*>(ThreadScratch(1, 4 * L.nmin16 * sizeof(float)));
   std::memset(mw, 0, 4 * L.nmin16 * sizeof(float));
   for (int64_t rr = r0; rr < r1; rr += kTileRows) {
     PrefetchRowsAhead<kTileRows>(src, row_bytes, rr, r1);
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
-    const uint8_t* row[4];
-    for (int r = 0; r < 4; ++r) row[r] = src + (rr + std::min(r, nr - 1)) * row_bytes;
-    __m512 acc[4][C];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
-    for (int64_t g = 0; g < L.groups; ++g) {
-      __m512i a_a[C], a_b[C];
-      __m512 sa[C];
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) {
-        const uint8_t* a = act + c * astride;
-        a_a[c] = Load(a + g * 128);
-        a_b[c] = Load(a + g * 128 + 64);
-        sa[c] = _mm512_loadu_ps(a + L.act_sa() + g * 64);
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {
-        const GroupRegs q = reader.Read(row[r], g, mw + r * L.nmin16);
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-          const __m512i dot = DotPair(q.a, q.b, a_a[c], a_b[c]);
-          acc[r][c] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(q.sw, sa[c]), acc[r][c]);
-        }
-      }
-    }
-    for (int64_t b = 0; b < L.nmin16; b += 16) {
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) {
-        const __m512 s = _mm512_loadu_ps(act + c * astride + L.act_ss() + 4 * b);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(mw + r * L.nmin16 + b), s, acc[r][c]);
-        }
-      }
-    }
-    for (int c = 0; c < C; ++c)
-      Store4(y + c * ldy + rr, Reduce4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), nr);
+    const uint8_t* rows[4];
+    for (int r = 0; r < 4; ++r) rows[r] = src + (rr + std::min(r, nr - 1)) * row_bytes;
+    QDot<C>(RowGroups<Reader>{reader, rows, mw, L.nmin16}, act, astride, L, y + rr, ldy, nr);
   }
 }
 
