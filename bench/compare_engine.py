@@ -91,8 +91,14 @@ def main():
         b = statistics.median(peer[k]) if peer.get(k) else None
         limit = ""
         if metric == "decode" and size == 1 and limits.get((threads, "read_bandwidth_gbps")):
+            # Decode batch 1 streams every weight once per token: its ceiling is the read
+            # bandwidth of a weights-sized working set (from L3 where it fits), and DRAM's.
             bw = statistics.median(limits[(threads, "read_bandwidth_gbps")])
-            limit = f"{a / (bw * 1e9 / model_bytes):.2f} of {bw * 1e9 / model_bytes:.0f} tok/s (bandwidth {bw:.1f} GB/s)"
+            limit = f"{a / (bw * 1e9 / model_bytes):.2f} of {bw * 1e9 / model_bytes:.0f} tok/s (DRAM {bw:.1f} GB/s)"
+            if limits.get((threads, "model_read_bandwidth_gbps")):
+                bwm = statistics.median(limits[(threads, "model_read_bandwidth_gbps")])
+                limit = (f"{a / (bwm * 1e9 / model_bytes):.2f} of {bwm * 1e9 / model_bytes:.0f} "
+                         f"tok/s (weights-sized read {bwm:.1f} GB/s); {limit}")
         if metric == "prefill" and limits.get((threads, "peak_int8_gops")) and gflops.get(k):
             peak = statistics.median(limits[(threads, "peak_int8_gops")])
             g = statistics.median(gflops[k])
