@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/attention_avx512_internal.h"
 #include "kernels/exp_avx512_internal.h"
 #include "kernels/isa_internal.h"
 
@@ -143,15 +142,15 @@ void AttendTileAmx(const AttentionTile& a, int first_pos, int n_tokens, const fl
   AttentionRowState st[kMaxAttentionRows];
   for (int r = 0; r < padded; ++r) st[r] = {-INFINITY, 0.0f};
   const __m512 scale = _mm512_set1_ps(a.scale);
-  const int last_pos = first_pos + n_tokens - 1;
+  const int last_key = LastKey(a, first_pos + n_tokens - 1);
   const int first_block = FirstVisibleBlock(a, first_pos);
   ConfigureTiles();
-  for (int start = first_block / 2 * kSpan; start <= last_pos; start += kSpan) {
+  for (int start = first_block / 2 * kSpan; start <= last_key; start += kSpan) {
     // Positions of the span in each block that exist (0: the block is absent or unseen).
     int n_block[2];
     for (int h = 0; h < 2; ++h) {
       const int bi = start / 16 + h;
-      n_block[h] = bi < first_block ? 0 : std::clamp(last_pos + 1 - bi * 16, 0, 16);
+      n_block[h] = bi < first_block ? 0 : std::clamp(last_key + 1 - bi * 16, 0, 16);
       ConvertKeys(n_block[h] > 0 ? a.keys[bi] : nullptr, hd, kb[h]);
       // An absent block's values are all zeros (n 0: the block is never read).
       ConvertValues(n_block[h] > 0 ? a.values[bi] : nullptr, n_block[h], hd,
@@ -163,8 +162,8 @@ void AttendTileAmx(const AttentionTile& a, int first_pos, int n_tokens, const fl
       bool any = false;
       for (int i = 0; i < kTileRows; ++i) {
         const int pos = first_pos + std::min(r0 + i, rows - 1) / g;
-        const int lo = std::max(WindowStart(a, pos), start) - start;
-        const int hi = std::min(pos + 1 - start, kSpan);  // causal
+        const int lo = std::max(RowKeyStart(a, pos), start) - start;
+        const int hi = std::min(std::min(pos, last_key) + 1 - start, kSpan);  // causal
         valid[i] = r0 + i < rows && hi > lo
                        ? static_cast<uint32_t>((uint64_t{1} << hi) - (uint64_t{1} << lo))
                        : 0u;
@@ -234,7 +233,7 @@ void AttendTileAmx(const AttentionTile& a, int first_pos, int n_tokens, const fl
     }
   }
   _tile_release();
-  StoreNormalizedRows(acc, st, n_tokens, g, hd, out, out_stride);
+  StoreAttentionRows(a, acc, st, n_tokens, out, out_stride);
 }
 
 const IsaImpl* AmxIsa() {

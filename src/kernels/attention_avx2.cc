@@ -80,13 +80,13 @@ void AttendTileAvx2(const AttentionTile& a, int first_pos, int n_tokens, const f
   for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
   const __m256 scale = _mm256_set1_ps(a.scale);
   const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
-  const int last_pos = first_pos + n_tokens - 1;
+  const int last_key = LastKey(a, first_pos + n_tokens - 1);
   const int first_block = FirstVisibleBlock(a, first_pos);
   alignas(32) float dummy_acc[kMaxAttentionHeadDim] = {};  // for rows missing from a group
-  for (int bi = first_block, start = first_block * 16; start <= last_pos; start += 16, ++bi) {
+  for (int bi = first_block, start = first_block * 16; start <= last_key; start += 16, ++bi) {
     const uint16_t* kh = a.keys[bi];
     const uint16_t* vh = a.values[bi];
-    const int n_block = std::min(16, last_pos + 1 - start);
+    const int n_block = std::min(16, last_key + 1 - start);
     for (int i = 0; i < hd * 16; i += 8) _mm256_store_ps(kf + i, Fp16x8(kh + i));
     for (int i = 0; i < n_block * hd; i += 8) _mm256_store_ps(vf + i, Fp16x8(vh + i));
     for (int r0 = 0; r0 < rows; r0 += kRows) {
@@ -100,7 +100,7 @@ void AttendTileAvx2(const AttentionTile& a, int first_pos, int n_tokens, const f
         const int t = r / g, gi = r % g;
         qr[i] = q + t * q_stride + static_cast<int64_t>(gi) * hd;
         n[i] = std::min(n_block, first_pos + t + 1 - start);  // causal
-        j0[i] = std::max(0, WindowStart(a, first_pos + t) - start);
+        j0[i] = std::max(0, RowKeyStart(a, first_pos + t) - start);
         active[i] = r0 + i < rows && n[i] > j0[i];
         ar[i] = active[i] ? acc + static_cast<int64_t>(r) * hd : dummy_acc;
         if (active[i]) {
@@ -149,16 +149,7 @@ void AttendTileAvx2(const AttentionTile& a, int first_pos, int n_tokens, const f
       for (; v0 < nv; ++v0) PvChunk<1>(vf, hd, v0, jlo, jhi, pj, corr, ar);
     }
   }
-  for (int t = 0; t < n_tokens; ++t) {
-    for (int gi = 0; gi < g; ++gi) {
-      const int r = t * g + gi;
-      float* o = out + t * out_stride + static_cast<int64_t>(gi) * hd;
-      const __m256 inv = _mm256_set1_ps(1.0f / st[r].sum);
-      for (int v = 0; v < nv; ++v) {
-        _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(acc + r * hd + 8 * v), inv));
-      }
-    }
-  }
+  StoreAttentionRows(a, acc, st, n_tokens, out, out_stride);
 }
 
 }  // namespace tandem::kernels::internal

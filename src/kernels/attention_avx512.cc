@@ -6,7 +6,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_avx512_internal.h"
 #include "kernels/exp_avx512_internal.h"
 #include "kernels/isa_internal.h"
 
@@ -64,13 +63,13 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
   AttentionRowState st[kMaxAttentionRows];
   for (int r = 0; r < rows; ++r) st[r] = {-INFINITY, 0.0f};
   const __m512 scale = _mm512_set1_ps(a.scale);
-  const int last_pos = first_pos + n_tokens - 1;
+  const int last_key = LastKey(a, first_pos + n_tokens - 1);
   const int first_block = FirstVisibleBlock(a, first_pos);
   alignas(64) float dummy_acc[kMaxAttentionHeadDim] = {};  // for rows missing from a group
-  for (int bi = first_block, start = first_block * 16; start <= last_pos; start += 16, ++bi) {
+  for (int bi = first_block, start = first_block * 16; start <= last_key; start += 16, ++bi) {
     const uint16_t* kh = a.keys[bi];
     const uint16_t* vh = a.values[bi];
-    const int n_block = std::min(16, last_pos + 1 - start);
+    const int n_block = std::min(16, last_key + 1 - start);
     for (int d = 0; d < hd; ++d) {
       _mm512_store_ps(
           kf + d * 16,
@@ -95,7 +94,7 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
         const int t = r / g, gi = r % g;
         qr[i] = q + t * q_stride + static_cast<int64_t>(gi) * hd;
         n[i] = std::min(n_block, first_pos + t + 1 - start);  // causal
-        j0[i] = std::max(0, WindowStart(a, first_pos + t) - start);
+        j0[i] = std::max(0, RowKeyStart(a, first_pos + t) - start);
         active[i] = r0 + i < rows && n[i] > j0[i];
         ar[i] = active[i] ? acc + static_cast<int64_t>(r) * hd : dummy_acc;
         if (active[i]) {
@@ -138,7 +137,7 @@ void AttendTileAvx512(const AttentionTile& a, int first_pos, int n_tokens, const
       for (; v0 < nv; ++v0) PvChunk<1>(vf, hd, v0, jlo, jhi, pj, corr, ar);
     }
   }
-  StoreNormalizedRows(acc, st, n_tokens, g, hd, out, out_stride);
+  StoreAttentionRows(a, acc, st, n_tokens, out, out_stride);
 }
 
 }  // namespace tandem::kernels::internal

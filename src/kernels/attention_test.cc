@@ -84,6 +84,30 @@ class Case {
                out.data() + t0 * stride, stride);
   }
 
+  // The whole tile through key ranges of `chunk` positions (a multiple of kAttentionChunkAlign),
+  // each a partial call, folded in position order and normalized, as the engine runs a long
+  // context. Returns the number of ranges.
+  int RunChunked(int chunk, std::vector<float>& out) const {
+    const int g = s_.group, hd = s_.head_dim, rows = s_.n_tokens * g;
+    const int64_t stride = static_cast<int64_t>(g) * hd;
+    out.assign(static_cast<size_t>(s_.n_tokens) * stride, 0.0f);
+    std::vector<float> acc(static_cast<size_t>(rows) * hd), run_acc(acc.size(), 0.0f);
+    std::vector<AttentionRowState> st(rows), run_st(rows, AttentionRowState{-INFINITY, 0.0f});
+    AttentionTile a = Tile();
+    a.partial = st.data();
+    const int last = s_.first_pos + s_.n_tokens - 1;
+    int ranges = 0;
+    for (int begin = WindowStart(a, s_.first_pos) / chunk * chunk; begin <= last; begin += chunk) {
+      a.key_begin = begin;
+      a.key_end = begin + chunk;
+      AttendTile(a, s_.first_pos, s_.n_tokens, q_.data(), stride, acc.data(), stride);
+      FoldAttentionPartial(rows, hd, acc.data(), st.data(), run_acc.data(), run_st.data());
+      ++ranges;
+    }
+    NormalizeAttentionRows(rows, g, hd, run_acc.data(), run_st.data(), out.data(), stride);
+    return ranges;
+  }
+
   // Largest |error| allowed for token t, head gi, when q, k, v and the softmax weights are first
   // rounded with unit roundoff u_in (0: used as given) and sums run in fp32:
   //   a score moves by at most D = scale * (2 u_in + head_dim * u32) * max_j sum_d |q_d k_jd|;
@@ -203,6 +227,54 @@ TEST(AttentionTest, ARowsResultDoesNotDependOnItsTile) {
       for (int t = 0; t < s.n_tokens; ++t) c.Run(t, 1, single);
       ASSERT_EQ(whole.size(), single.size());
       for (size_t i = 0; i < whole.size(); ++i) ASSERT_EQ(whole[i], single[i]) << "element " << i;
+    }
+  }
+}
+
+// Key ranges (how the engine spreads one long context over threads): folded in order they stay
+// within the same derived bound, and a row whose keys all lie in one range gets exactly the
+// output of a call without ranges, on every path.
+TEST(AttentionTest, KeyRangesFoldToTheSameResult) {
+  constexpr int kChunk = 32;
+  for (const std::string& isa : AvailableIsas()) {
+    SCOPED_TRACE(isa);
+    ScopedIsa forced(isa.c_str());
+    const double u_in = isa == "amx" ? std::ldexp(1.0, -8) : 0.0;
+    uint32_t seed = 200;
+    for (const auto& [hd, group] : {std::pair{64, 3}, std::pair{256, 4}}) {
+      for (int window : {0, 20}) {
+        for (const auto& [first_pos, n] : {std::pair{0, 7}, std::pair{37, 64}, std::pair{100, 1},
+                                           std::pair{150, 9}}) {
+          const Shape s{hd, group, window, first_pos, n};
+          SCOPED_TRACE(testing::Message() << "head_dim " << hd << " window " << window
+                                          << " first_pos " << first_pos << " n " << n);
+          const Case c(s, seed++);
+          std::vector<float> whole, chunked;
+          c.Run(0, n, whole);
+          ASSERT_GE(c.RunChunked(kChunk, chunked), 1);
+          std::vector<double> ref;
+          double worst = 0;
+          for (int t = 0; t < n; ++t) {
+            const int pos = first_pos + t;
+            AttentionTile probe{};
+            probe.window = window;
+            const bool one_range = WindowStart(probe, pos) / kChunk == pos / kChunk;
+            for (int gi = 0; gi < group; ++gi) {
+              const int64_t off = (static_cast<int64_t>(t) * group + gi) * hd;
+              // The fold adds per range one rounded exp and a multiply-add per element (~3 u32
+              // relative), under the bound's (ctx + 1) u32 summation term (ranges <= ctx / 32).
+              const double bound = c.Reference(t, gi, ref, u_in);
+              for (int d = 0; d < hd; ++d) {
+                worst = std::max(worst, std::fabs(chunked[off + d] - ref[d]) / bound);
+                if (one_range) {
+                  ASSERT_EQ(chunked[off + d], whole[off + d]) << "token " << t << " dim " << d;
+                }
+              }
+            }
+          }
+          EXPECT_LE(worst, 1.0);
+        }
+      }
     }
   }
 }

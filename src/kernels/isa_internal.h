@@ -53,11 +53,6 @@ const IsaImpl* AmxIsa();
 
 // Kernels the tables share or point at.
 
-// Running online-softmax state of one attention query row (one token, one query head).
-struct AttentionRowState {
-  float max;
-  float sum;
-};
 constexpr int kMaxAttentionRows = kMaxAttentionTile * kMaxAttentionGroup;
 
 void SiluMulAvx2(float* gate, const float* up, int64_t n);
@@ -70,6 +65,10 @@ double ExpSumAvx2(const float* x, float shift, float scale, float* out, int64_t 
 double ExpSumAvx512(const float* x, float shift, float scale, float* out, int64_t n);
 // (65,536) GeLU values by fp16 bit pattern of the input, each rounded to fp16 (activations.cc).
 const float* GeluTable();
+// The end of every attention kernel: normalized rows into out, or a.partial's raw form
+// (kernels/attention.h). acc: (n_tokens * group, head_dim), st: n_tokens * group.
+void StoreAttentionRows(const AttentionTile& a, const float* acc, const AttentionRowState* st,
+                        int n_tokens, float* out, int64_t out_stride);
 void AttendTileScalar(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
 void AttendTileAvx2(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
