@@ -3,6 +3,7 @@
 // block table into the kernel's per-block pointers.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <span>
 
@@ -20,6 +21,12 @@ struct AttentionArgs {
   int n_heads;                           // query heads; n_heads % n_kv_heads == 0
   float scale;                           // usually 1/sqrt(head_dim)
   int window = 0;  // sliding layers: keys visible from position p are [p - window + 1, p]
+  // A key range and partial output (kernels::AttentionTile's fields of the same names): only
+  // keys at [key_begin, key_end) are seen, and with `partial` set, out gets the unnormalized
+  // rows and partial[t * group + gi] their states, for FoldAttentionPartial.
+  int key_begin = 0;
+  int key_end = INT_MAX;
+  kernels::AttentionRowState* partial = nullptr;
 };
 
 // Attention for `n_tokens` consecutive query tokens at positions first_pos.. (each attending to

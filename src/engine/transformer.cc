@@ -35,6 +35,16 @@ Transformer::Transformer(const model::ModelConfig& config, const ModelWeights& w
                          ThreadPool* pool)
     : config_(config), weights_(weights), pool_(pool) {}
 
+Status Transformer::SetAttentionChunk(int positions) {
+  if (positions <= 0 || positions % kernels::kAttentionChunkAlign != 0) {
+    return InvalidArgument("attention chunk of " + std::to_string(positions) +
+                           " positions: must be a positive multiple of " +
+                           std::to_string(kernels::kAttentionChunkAlign));
+  }
+  attention_chunk_ = positions;
+  return OkStatus();
+}
+
 void Transformer::ParallelRows(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
   if (pool_ == nullptr || rows < 4) {
     fn(0, rows);
@@ -148,34 +158,136 @@ void Transformer::WriteKv(std::span<const BatchItem> batch, PagedKvCache& kv, in
 
 void Transformer::Attention(std::span<const BatchItem> batch, PagedKvCache& kv, int layer) {
   const int n_kv = config_.n_kv_heads;
+  const int group = config_.n_heads / n_kv, hd = config_.head_dim;
   const float scale = config_.attention_scale;
   const int window = config_.IsSlidingLayer(layer) ? config_.sliding_window : 0;
-  // Tasks: (item, tile of up to kMaxAttentionTile consecutive tokens, kv head).
+  const int chunk = attention_chunk_;
+  // Tiles of up to kMaxAttentionTile consecutive tokens of one item, and the key ranges
+  // [chunk * r, chunk * (r + 1)) their queries see.
   tiles_.clear();
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     const int n = static_cast<int>(batch[i].tokens.size());
     for (int s = 0; s < n; s += kMaxAttentionTile) {
-      tiles_.push_back(
-          {static_cast<int>(i), static_cast<int>(t + s), std::min(kMaxAttentionTile, n - s)});
+      AttentionTile tile{static_cast<int>(i), static_cast<int>(t + s),
+                         std::min(kMaxAttentionTile, n - s), 0, 1};
+      const int first_pos = token_pos_[tile.first_token];
+      const int first_key =
+          window > 0 ? std::max(0, first_pos - window + 1) : 0;  // kernels::WindowStart
+      tile.first_range = first_key / chunk;
+      tile.n_ranges = (first_pos + tile.n - 1) / chunk - tile.first_range + 1;
+      tiles_.push_back(tile);
     }
     t += n;
   }
-  const int64_t tasks = static_cast<int64_t>(tiles_.size()) * n_kv;
+  const int64_t tasks = static_cast<int64_t>(tiles_.size()) * n_kv;  // (tile, kv head)
   const int64_t qd = config_.q_dim();
-  auto run = [&](int64_t begin, int64_t end, int) {
-    for (int64_t task = begin; task < end; ++task) {
-      const auto& tile = tiles_[task / n_kv];
-      const int kv_head = static_cast<int>(task % n_kv);
-      const BatchItem& item = batch[tile.item];
-      AttentionArgs args{&kv, layer, item.block_table, config_.n_heads, scale, window};
-      AttendTile(args, token_pos_[tile.first_token], tile.n, kv_head, &q_[tile.first_token * qd],
-                 qd, &attn_[tile.first_token * qd], qd);
+  auto args_of = [&](const AttentionTile& tile) {
+    return AttentionArgs{&kv, layer, batch[tile.item].block_table, config_.n_heads, scale, window};
+  };
+  // Task `task`'s key range r into acc ((n, q_dim) like attn_, only its heads written) and st
+  // (n * group).
+  auto range_partial = [&](int64_t task, int r, float* acc, kernels::AttentionRowState* st) {
+    const AttentionTile& tile = tiles_[task / n_kv];
+    AttentionArgs args = args_of(tile);
+    args.key_begin = (tile.first_range + r) * chunk;
+    args.key_end = args.key_begin + chunk;
+    args.partial = st;
+    AttendTile(args, token_pos_[tile.first_token], tile.n, static_cast<int>(task % n_kv),
+               &q_[tile.first_token * qd], qd, acc, qd);
+  };
+  // Folds one range's partial into the running one, token by token (each token's group of
+  // heads is contiguous in the (n, q_dim) layout).
+  auto fold = [&](int64_t task, const float* acc, const kernels::AttentionRowState* st,
+                  float* run_acc, kernels::AttentionRowState* run_st) {
+    const AttentionTile& tile = tiles_[task / n_kv];
+    const int64_t head = (task % n_kv) * group * hd;
+    for (int t = 0; t < tile.n; ++t) {
+      kernels::FoldAttentionPartial(group, hd, acc + t * qd + head, st + t * group,
+                                    run_acc + t * qd + head, run_st + t * group);
     }
   };
-  if (pool_ != nullptr) {
-    pool_->ParallelFor(tasks, run);
-  } else {
-    run(0, tasks, 0);
+  auto finish = [&](int64_t task, const float* run_acc, const kernels::AttentionRowState* run_st) {
+    const AttentionTile& tile = tiles_[task / n_kv];
+    const int64_t head = (task % n_kv) * group * hd;
+    for (int t = 0; t < tile.n; ++t) {
+      kernels::NormalizeAttentionRows(group, group, hd, run_acc + t * qd + head, run_st + t * group,
+                                      &attn_[(tile.first_token + t) * qd + head], qd);
+    }
+  };
+  const int threads = pool_ != nullptr ? pool_->num_threads() : 1;
+  bool long_context = false;
+  for (const AttentionTile& tile : tiles_) long_context = long_context || tile.n_ranges > 1;
+
+  if (!long_context || tasks >= threads) {
+    // A task per (tile, kv head); a task over several ranges folds them in order itself.
+    auto run = [&](int64_t begin, int64_t end, int) {
+      thread_local std::vector<float> acc, run_acc;
+      thread_local std::vector<kernels::AttentionRowState> st, run_st;
+      for (int64_t task = begin; task < end; ++task) {
+        const AttentionTile& tile = tiles_[task / n_kv];
+        if (tile.n_ranges == 1) {
+          AttendTile(args_of(tile), token_pos_[tile.first_token], tile.n,
+                     static_cast<int>(task % n_kv), &q_[tile.first_token * qd], qd,
+                     &attn_[tile.first_token * qd], qd);
+          continue;
+        }
+        acc.assign(tile.n * qd, 0.0f);
+        run_acc.assign(tile.n * qd, 0.0f);
+        st.assign(tile.n * group, {});
+        run_st.assign(tile.n * group, {-INFINITY, 0.0f});
+        for (int r = 0; r < tile.n_ranges; ++r) {
+          range_partial(task, r, acc.data(), st.data());
+          fold(task, acc.data(), st.data(), run_acc.data(), run_st.data());
+        }
+        finish(task, run_acc.data(), run_st.data());
+      }
+    };
+    if (pool_ != nullptr) {
+      pool_->ParallelFor(tasks, run);
+    } else {
+      run(0, tasks, 0);
+    }
+    return;
+  }
+
+  // Fewer tasks than threads and a long context (decode of one long sequence): the ranges run
+  // in parallel into their own partials, then each task folds its ranges in the same order as
+  // above, so the result is bit for bit the same whichever way the step was split.
+  struct Unit {
+    int64_t task;
+    int range;
+    int64_t acc_offset, st_offset;  // into range_acc_ / range_st_
+  };
+  std::vector<Unit> units;
+  int64_t acc_size = 0, st_size = 0;
+  for (int64_t task = 0; task < tasks; ++task) {
+    const AttentionTile& tile = tiles_[task / n_kv];
+    for (int r = 0; r < tile.n_ranges; ++r) {
+      units.push_back({task, r, acc_size, st_size});
+      acc_size += tile.n * qd;
+      st_size += tile.n * group;
+    }
+  }
+  range_acc_.assign(acc_size, 0.0f);
+  range_st_.assign(st_size, {});
+  pool_->ParallelFor(static_cast<int64_t>(units.size()), [&](int64_t begin, int64_t end, int) {
+    for (int64_t u = begin; u < end; ++u) {
+      range_partial(units[u].task, units[u].range, &range_acc_[units[u].acc_offset],
+                    &range_st_[units[u].st_offset]);
+    }
+  });
+  std::vector<float> run_acc;
+  std::vector<kernels::AttentionRowState> run_st;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t task = units[u].task;
+    const AttentionTile& tile = tiles_[task / n_kv];
+    if (units[u].range == 0) {
+      run_acc.assign(tile.n * qd, 0.0f);
+      run_st.assign(tile.n * group, {-INFINITY, 0.0f});
+    }
+    fold(task, &range_acc_[units[u].acc_offset], &range_st_[units[u].st_offset], run_acc.data(),
+         run_st.data());
+    if (units[u].range == tile.n_ranges - 1) finish(task, run_acc.data(), run_st.data());
   }
 }
 

@@ -22,6 +22,7 @@
 #include "engine/kv_cache.h"
 #include "engine/mock_forward.h"
 #include "engine/model_weights.h"
+#include "kernels/attention.h"
 #include "model/model_config.h"
 
 namespace tandem::engine {
@@ -53,6 +54,14 @@ class Transformer {
   void SetLayerDoneCallback(std::function<void(int layer)> fn) { on_layer_done_ = std::move(fn); }
 
   const model::ModelConfig& config() const { return config_; }
+
+  // Positions per key range of attention (a multiple of kernels::kAttentionChunkAlign). A query
+  // whose keys span several ranges gets them computed separately (on several threads when a step
+  // has fewer attention tasks than threads, as a long decode does) and folded in position order.
+  // The ranges fix the summation order, so outputs depend on this value and never on batching or
+  // threads: every Transformer whose outputs are compared must use the same one.
+  static constexpr int kDefaultAttentionChunk = 2048;
+  Status SetAttentionChunk(int positions);
 
   // From now on every pass is `mock`'s: inputs are checked as before, then nothing is computed
   // (no KV written) and the time and logits are the mock's (engine/mock_forward.h).
@@ -109,8 +118,14 @@ class Transformer {
     int item;         // batch item
     int first_token;  // row of its first token in the step's (T, ...) matrices
     int n;            // tokens in the tile
+    int first_range;  // key range of its first query's first key (position / chunk)
+    int n_ranges;     // key ranges its queries see
   };
   std::vector<AttentionTile> tiles_;
+  int attention_chunk_ = kDefaultAttentionChunk;
+  // Partial results of the key ranges when they run in parallel (Attention).
+  std::vector<float> range_acc_;
+  std::vector<kernels::AttentionRowState> range_st_;
 };
 
 }  // namespace tandem::engine

@@ -292,6 +292,64 @@ TEST_P(TransformerBlockSizeTest, MatchesFloatReference) {
 INSTANTIATE_TEST_SUITE_P(BlockTokensAndFamily, TransformerBlockSizeTest,
                          ::testing::Combine(::testing::Values(8, 16), ::testing::Bool()));
 
+// Attention split into key ranges of 32 positions (the default is 2,048; a short context
+// exercises the same path): logits still match the float reference, and a decode step gives the
+// same bits alone (Gemma's one KV head: fewer tasks than threads, so its ranges run in parallel)
+// as beside other sequences (enough tasks: each folds its ranges itself), at 1 and 2 threads.
+TEST(TransformerTest, AttentionKeyRangesMatchTheReferenceAndKeepBatchInvariance) {
+  for (const bool gemma : {false, true}) {
+    SCOPED_TRACE(gemma ? "gemma3" : "llama");
+    testing::TinyLlamaSpec spec = gemma ? TinyGemma() : testing::TinyLlamaSpec{};
+    spec.matrix_dtype = DType::kF32;
+    spec.embd_dtype = DType::kF32;
+    std::vector<float> decoded_alone[2];
+    for (int threads : {1, 2}) {
+      Fixture f(spec, threads, /*block_tokens=*/16, /*num_blocks=*/32);
+      ASSERT_TRUE(f.tf->SetAttentionChunk(32).ok());
+      EXPECT_FALSE(f.tf->SetAttentionChunk(40).ok());
+      const auto tokens = RandomTokens(90, spec.vocab, 5);
+      const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 70);
+      const std::vector<int32_t> extra(tokens.begin() + 70, tokens.end());
+      // Prefill in chunks of 25 (tiles that straddle range boundaries), then decode 20 tokens.
+      decoded_alone[threads - 1] = f.RunAlone(prompt, extra, Range(0, 6), /*chunk=*/25);
+      const auto& got = decoded_alone[threads - 1];
+      const auto ref = ReferenceForward(f, tokens);
+      const int V = spec.vocab;
+      float tolerance = 2e-3f;
+      if (std::string(kernels::ActiveIsa()) == "amx") {
+        for (float z : ref) tolerance = std::max(tolerance, 0x1p-8f * std::fabs(z));
+      }
+      for (int step = 0; step <= static_cast<int>(extra.size()); ++step) {
+        for (int i = 0; i < V; ++i) {
+          ASSERT_NEAR(got[step * V + i], ref[(69 + step) * V + i], tolerance)
+              << "position " << 69 + step << " id " << i;
+        }
+      }
+      // The same sequence again in other blocks, its decode steps each beside a fresh prompt.
+      const auto blocks = Range(6, 6), other_blocks = Range(12, 2);
+      const auto other = RandomTokens(24, spec.vocab, 6);
+      std::vector<float> logits;
+      BatchItem pre{blocks, 0, {prompt.data(), prompt.size()}, true};
+      ASSERT_TRUE(f.Step({&pre, 1}, &logits).ok());
+      EXPECT_EQ(MaxAbsDiff(logits, std::vector<float>(got.begin(), got.begin() + V)), 0.0f);
+      for (size_t i = 0; i < extra.size(); ++i) {
+        BatchItem items[] = {
+            {other_blocks, 0, {other.data(), 3 + i}, true},
+            {blocks, static_cast<int>(prompt.size() + i), {&extra[i], 1}, true},
+        };
+        ASSERT_TRUE(f.Step(items, &logits).ok());
+        ASSERT_EQ(logits.size(), 2u * V);
+        EXPECT_EQ(
+            MaxAbsDiff(std::vector<float>(logits.begin() + V, logits.end()),
+                       std::vector<float>(got.begin() + (i + 1) * V, got.begin() + (i + 2) * V)),
+            0.0f)
+            << "decode step " << i;
+      }
+    }
+    EXPECT_EQ(MaxAbsDiff(decoded_alone[0], decoded_alone[1]), 0.0f);  // threads change nothing
+  }
+}
+
 // The file's Gemma 3 keys become the config the forward pass follows.
 TEST(TransformerTest, TinyGemmaConfig) {
   Fixture f(TinyGemma());

@@ -243,8 +243,8 @@ TEST(AttentionTest, KeyRangesFoldToTheSameResult) {
     uint32_t seed = 200;
     for (const auto& [hd, group] : {std::pair{64, 3}, std::pair{256, 4}}) {
       for (int window : {0, 20}) {
-        for (const auto& [first_pos, n] : {std::pair{0, 7}, std::pair{37, 64}, std::pair{100, 1},
-                                           std::pair{150, 9}}) {
+        for (const auto& [first_pos, n] :
+             {std::pair{0, 7}, std::pair{37, 64}, std::pair{100, 1}, std::pair{150, 9}}) {
           const Shape s{hd, group, window, first_pos, n};
           SCOPED_TRACE(testing::Message() << "head_dim " << hd << " window " << window
                                           << " first_pos " << first_pos << " n " << n);
