@@ -156,6 +156,9 @@ json StatsJson(const serving::BackendStats& s) {
           {"reservations_expired", s.reservations_expired},
           {"busy_seconds_prefill", s.busy_seconds_prefill},
           {"busy_seconds_decode", s.busy_seconds_decode},
+          {"busy_core_seconds_prefill", s.busy_core_seconds_prefill},
+          {"busy_core_seconds_decode", s.busy_core_seconds_decode},
+          {"engine_max_threads", s.engine_max_threads},
           {"computed_tokens_prefill", s.computed_tokens_prefill},
           {"computed_tokens_decode", s.computed_tokens_decode},
           {"engine_threads", s.engine_threads},
@@ -190,6 +193,9 @@ serving::BackendStats StatsFrom(const json& j) {
   s.reservations_expired = j.value("reservations_expired", int64_t{0});
   s.busy_seconds_prefill = j.value("busy_seconds_prefill", 0.0);
   s.busy_seconds_decode = j.value("busy_seconds_decode", 0.0);
+  s.busy_core_seconds_prefill = j.value("busy_core_seconds_prefill", 0.0);
+  s.busy_core_seconds_decode = j.value("busy_core_seconds_decode", 0.0);
+  s.engine_max_threads = j.value("engine_max_threads", 0);
   s.sampling_seconds = j.value("sampling_seconds", 0.0);
   s.computed_tokens_prefill = j.value("computed_tokens_prefill", int64_t{0});
   s.computed_tokens_decode = j.value("computed_tokens_decode", int64_t{0});

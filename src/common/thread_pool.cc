@@ -13,8 +13,10 @@ constexpr int kSpinIterations = 2000;
 inline void CpuRelax() { __builtin_ia32_pause(); }
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+ThreadPool::ThreadPool(int num_threads, int max_threads)
+    : max_threads_(std::clamp(max_threads, 1, (1 << kThreadBits) - 1)),
+      active_(std::clamp(num_threads, 1, max_threads_)) {
+  for (int i = 1; i < max_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -23,24 +25,49 @@ ThreadPool::~ThreadPool() {
     stop_.store(true);
   }
   start_cv_.NotifyAll();
+  park_cv_.NotifyAll();
   for (auto& t : workers_) t.join();
 }
 
+int ThreadPool::SetActiveThreads(int n) {
+  n = std::clamp(n, 1, max_threads_);
+  {
+    // Under the lock: a helper between its predicate check and its sleep cannot miss it.
+    MutexLock lock(&mu_);
+    active_.store(n);
+  }
+  park_cv_.NotifyAll();   // helpers now active wake
+  start_cv_.NotifyAll();  // helpers now inactive go and park
+  return n;
+}
+
 void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = 0;
+  // Jobs are published one at a time and the caller waits for every participant, so a helper
+  // looks only at the newest word: a job it takes part in cannot be followed by another before
+  // it has run it.
+  uint64_t seen = 0;  // the word the pool starts with (no job yet)
   while (true) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      CpuRelax();
-      gen = generation_.load(std::memory_order_acquire);
-    }
-    if (gen == seen) {
+    if (index >= active_.load()) {
       MutexLock lock(&mu_);
-      start_cv_.Wait(&mu_, [&] { return stop_.load() || generation_.load() != seen; });
-      gen = generation_.load(std::memory_order_acquire);
+      park_cv_.Wait(&mu_, [&] { return stop_.load() || index < active_.load(); });
+      if (stop_.load()) return;
+    }
+    uint64_t word = job_word_.load(std::memory_order_acquire);
+    for (int spin = 0; word == seen && spin < kSpinIterations; ++spin) {
+      CpuRelax();
+      word = job_word_.load(std::memory_order_acquire);
+    }
+    if (word == seen) {
+      MutexLock lock(&mu_);
+      start_cv_.Wait(&mu_, [&] {
+        return stop_.load() || job_word_.load() != seen || index >= active_.load();
+      });
+      word = job_word_.load(std::memory_order_acquire);
     }
     if (stop_.load()) return;
-    seen = gen;
+    if (word == seen) continue;  // made inactive: park
+    seen = word;
+    if (index >= JobThreads(word)) continue;  // a job published while this helper was parked
     (*job_)(index);
     // seq_cst pairs with the caller's store of caller_sleeping_: either we see the caller asleep
     // and wake it, or the caller sees pending_ == 0 before sleeping.
@@ -52,17 +79,19 @@ void ThreadPool::WorkerLoop(int index) {
 }
 
 void ThreadPool::RunOnAll(const std::function<void(int)>& fn) {
-  if (num_threads_ == 1) {
+  const int threads = active_.load(std::memory_order_relaxed);
+  if (threads == 1) {
     fn(0);
     return;
   }
   job_ = &fn;
-  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  pending_.store(threads - 1, std::memory_order_relaxed);
   {
     // Under the lock so that a worker between its predicate check and its sleep cannot miss
     // the bump.
     MutexLock lock(&mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    const uint64_t generation = (job_word_.load(std::memory_order_relaxed) >> kThreadBits) + 1;
+    job_word_.store(JobWord(generation, threads), std::memory_order_release);
   }
   start_cv_.NotifyAll();
   fn(0);
@@ -81,7 +110,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t units = (n + grain - 1) / grain;
-  const int parts = static_cast<int>(std::min<int64_t>(num_threads_, units));
+  const int parts = static_cast<int>(std::min<int64_t>(num_threads(), units));
   if (parts == 1) {
     fn(0, n, 0);
     return;

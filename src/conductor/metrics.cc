@@ -36,6 +36,8 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
   o.decode_step_s = ClusterView::DecodeStepSeconds(w, &o.decoding);
   o.busy_prefill_s = w.stats.backend.busy_seconds_prefill;
   o.busy_decode_s = w.stats.backend.busy_seconds_decode;
+  o.busy_core_prefill_s = w.stats.backend.busy_core_seconds_prefill;
+  o.busy_core_decode_s = w.stats.backend.busy_core_seconds_decode;
   o.tokens_prefill = w.stats.backend.computed_tokens_prefill;
   o.tokens_decode = w.stats.backend.computed_tokens_decode;
   o.threads = w.stats.backend.engine_threads;
@@ -145,9 +147,14 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
   }
   for (const auto& w : totals.workers) {
     if (w.threads <= 0) continue;  // no /stats yet
-    for (const auto& [phase, busy, tokens] :
-         {std::tuple{"prefill", w.busy_prefill_s, w.tokens_prefill},
-          std::tuple{"decode", w.busy_decode_s, w.tokens_decode}}) {
+    for (const auto& [phase, busy, core_s, tokens] :
+         {std::tuple{"prefill", w.busy_prefill_s, w.busy_core_prefill_s, w.tokens_prefill},
+          std::tuple{"decode", w.busy_decode_s, w.busy_core_decode_s, w.tokens_decode}}) {
+      s->extra.push_back({"tandem_worker_busy_core_seconds_total",
+                          serving::kBusyCoreSecondsHelp,
+                          true,
+                          {{"worker", w.name}, {"role", w.role}, {"phase", phase}},
+                          core_s});
       s->extra.push_back({"tandem_worker_busy_seconds_total",
                           serving::kBusySecondsHelp,
                           true,

@@ -34,6 +34,7 @@ class ConductorMetrics {
       int decoding = 0;
       // Its engine's utilisation counters at its last /stats (serving::BackendStats).
       double busy_prefill_s = 0, busy_decode_s = 0;
+      double busy_core_prefill_s = 0, busy_core_decode_s = 0;
       int64_t tokens_prefill = 0, tokens_decode = 0;
       int threads = 0;
       double sampling_s = 0;                         // cumulative seconds drawing tokens

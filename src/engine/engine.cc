@@ -16,6 +16,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   if (options.threads < 1 || options.threads > 256) {
     return InvalidArgument("threads must be in [1, 256], got " + std::to_string(options.threads));
   }
+  if (options.max_threads != 0 && (options.max_threads < options.threads || options.max_threads > 256)) {
+    return InvalidArgument("max threads must be in [threads, 256], got " +
+                           std::to_string(options.max_threads));
+  }
   if (options.prefill_chunk < 1) return InvalidArgument("prefill chunk must be positive");
   std::unique_ptr<Engine> e(new Engine());
   e->options_ = options;
@@ -51,7 +55,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   } else {
     TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::Create(shape));
   }
-  e->pool_ = std::make_unique<ThreadPool>(options.threads);
+  e->pool_ = std::make_unique<ThreadPool>(options.threads,
+                                          std::max(options.threads, options.max_threads));
   e->transformer_ = std::make_unique<Transformer>(e->config_, e->weights_, e->pool_.get());
   if (options.mock_step_seconds) {
     e->transformer_->SetMock(
@@ -90,6 +95,15 @@ int32_t Engine::MockToken() const {
   int32_t id = 0;
   while (id + 1 < config_.vocab_size && tokenizer_->IsEndOfGeneration(id)) ++id;
   return id;
+}
+
+Status Engine::SetThreads(int threads) {
+  if (threads < 1 || threads > pool_->max_threads()) {
+    return InvalidArgument("threads must be in [1, " + std::to_string(pool_->max_threads()) +
+                           "] (the engine's --max-threads), got " + std::to_string(threads));
+  }
+  options_.threads = pool_->SetActiveThreads(threads);
+  return OkStatus();
 }
 
 Status Engine::Step(const BatchItem& item, std::vector<float>* logits) {

@@ -32,6 +32,9 @@ namespace tandem::engine {
 struct EngineOptions {
   std::string model_path;
   int threads = 1;
+  // Threads the engine may be resized to at runtime (Engine::SetThreads); the pool starts
+  // them all and parks those beyond `threads`. 0: `threads`.
+  int max_threads = 0;
   int block_tokens = 16;
   int kv_capacity_tokens = 0;  // 0: the model's context length
   int prefill_chunk = 512;     // tokens per forward step while prefilling
@@ -86,7 +89,15 @@ class Engine {
   Transformer& transformer() { return *transformer_; }
   PagedKvCache& kv() { return *kv_; }
   ThreadPool& pool() { return *pool_; }
+  // The options it was loaded with, but `threads` is the count it computes on now.
   const EngineOptions& options() const { return options_; }
+  int threads() const { return options_.threads; }
+  int max_threads() const { return pool_->max_threads(); }
+  // Computes on `threads` threads from the next forward pass on (elastic pools give a worker
+  // more cores, or take some back). InvalidArgument outside [1, max_threads()]. Results do not
+  // depend on the count (the kernels are thread-count invariant), so a running sequence
+  // continues bit for bit as it would have.
+  Status SetThreads(int threads);
   size_t model_bytes() const { return gguf_->file_size(); }
 
   // Prefills `prompt` in chunks, then samples up to max_tokens. on_token (may be null) sees each

@@ -34,7 +34,7 @@ int StepTokens(const EngineOptions& e) {
 MemoryPlan PlanWith(const model::ModelConfig& c, const MemoryPlanInputs& in, int64_t kv_bytes) {
   const EngineOptions& e = in.engine;
   const int64_t T = std::max(1, StepTokens(e));
-  const int64_t threads = std::max(1, e.threads);
+  const int64_t threads = std::max({1, e.threads, e.max_threads});  // each may get scratch
   const int64_t sequences = std::max(1, e.max_sequences);
   const int64_t f = sizeof(float);
 

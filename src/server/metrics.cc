@@ -245,6 +245,9 @@ std::string ServerMetrics::Render(const serving::BackendStats& stats,
     w.Family("tandem_worker_busy_seconds_total", "counter", serving::kBusySecondsHelp,
              {{phase("prefill"), stats.busy_seconds_prefill},
               {phase("decode"), stats.busy_seconds_decode}});
+    w.Family("tandem_worker_busy_core_seconds_total", "counter", serving::kBusyCoreSecondsHelp,
+             {{phase("prefill"), stats.busy_core_seconds_prefill},
+              {phase("decode"), stats.busy_core_seconds_decode}});
     w.Family("tandem_worker_computed_tokens_total", "counter", serving::kComputedTokensHelp,
              {{phase("prefill"), static_cast<double>(stats.computed_tokens_prefill)},
               {phase("decode"), static_cast<double>(stats.computed_tokens_decode)}});

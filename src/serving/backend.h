@@ -91,10 +91,14 @@ struct ExtraMetric {
 };
 
 // Help texts of the per-worker utilisation families of /metrics (labels worker, role and, for
-// the first two, phase = prefill | decode), shared by the colocated server and the conductor.
+// the first three, phase = prefill | decode), shared by the colocated server and the conductor.
 inline constexpr const char* kBusySecondsHelp =
     "Wall seconds of the worker's forward passes; a step's time is split between its prompt and "
     "decode tokens by count.";
+inline constexpr const char* kBusyCoreSecondsHelp =
+    "Core seconds of the worker's forward passes: each pass's wall seconds times the threads it "
+    "ran on (the thread count changes when elastic pools resize the worker), split by phase as "
+    "the busy seconds are.";
 inline constexpr const char* kComputedTokensHelp =
     "Tokens the worker's engine computed, by phase (a recomputed token counts as prefill).";
 inline constexpr const char* kThreadsHelp = "Engine threads of the worker (cores it computes on).";
@@ -145,9 +149,14 @@ struct BackendStats {
   // fed back; a recomputed one after preemption counts as prefill); the engine's threads.
   double busy_seconds_prefill = 0;
   double busy_seconds_decode = 0;
+  // The same times the threads each pass ran on (the engine's thread count can change at
+  // runtime: elastic pools), i.e. the cores it kept busy.
+  double busy_core_seconds_prefill = 0;
+  double busy_core_seconds_decode = 0;
   int64_t computed_tokens_prefill = 0;
   int64_t computed_tokens_decode = 0;
-  int engine_threads = 0;
+  int engine_threads = 0;      // now
+  int engine_max_threads = 0;  // what it may be resized to
   double sampling_seconds = 0;  // cumulative, drawing tokens from logits (after the forward)
   // The engine process's memory (0 / empty where the backend is not one engine): its plan
   // (engine/memory_plan.h) part by part, the budget it was sized to (0: none given), and its

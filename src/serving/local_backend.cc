@@ -13,6 +13,7 @@ LocalBackendImpl::LocalBackendImpl(engine::Engine* engine, const SchedulerOption
       prefix_cache_(&kv_),
       end_tokens_(engine->tokenizer().EndOfGenerationIds()),
       log_(GetLogger("scheduler")) {
+  engine_threads_.store(engine->threads());
   options_.max_batch_tokens = std::max(options_.max_batch_tokens, options_.max_num_seqs);
   engine::MemoryPlanInputs plan_in;
   plan_in.model_file_bytes = static_cast<int64_t>(engine->model_bytes());
@@ -257,8 +258,10 @@ Status LocalBackendImpl::RunExclusive(std::function<Status(ExclusiveAccess&)> fn
     const Clock::time_point start = Clock::now();
     Access access(this);
     const Status st = fn(access);
-    busy_us_prefill_.fetch_add(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+    const int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+    busy_us_prefill_.fetch_add(us);
+    busy_core_us_prefill_.fetch_add(us * engine_->threads());
     computed_prefill_.fetch_add(prefill_tokens);
     call->done.set_value(st);
   });
@@ -266,6 +269,15 @@ Status LocalBackendImpl::RunExclusive(std::function<Status(ExclusiveAccess&)> fn
     return DeadlineExceeded("the engine loop did not get to the work before its deadline");
   }
   return done.get();  // started: it finishes whatever the deadline
+}
+
+Status LocalBackendImpl::SetEngineThreads(int threads) {
+  auto set = RunOnLoop<int>([this, threads]() -> StatusOr<int> {
+    TANDEM_RETURN_IF_ERROR(engine_->SetThreads(threads));
+    engine_threads_.store(engine_->threads());
+    return engine_->threads();
+  });
+  return set.status();
 }
 
 BackendStats LocalBackendImpl::Stats() const {
@@ -292,10 +304,13 @@ BackendStats LocalBackendImpl::Stats() const {
   s.reservations_expired = reservations_expired_.load();
   s.busy_seconds_prefill = busy_us_prefill_.load() * 1e-6;
   s.busy_seconds_decode = busy_us_decode_.load() * 1e-6;
+  s.busy_core_seconds_prefill = busy_core_us_prefill_.load() * 1e-6;
+  s.busy_core_seconds_decode = busy_core_us_decode_.load() * 1e-6;
   s.sampling_seconds = sampling_ns_.load() * 1e-9;
   s.computed_tokens_prefill = computed_prefill_.load();
   s.computed_tokens_decode = computed_decode_.load();
-  s.engine_threads = engine_->options().threads;
+  s.engine_threads = engine_threads_.load();
+  s.engine_max_threads = engine_->max_threads();
   for (const engine::MemoryPart& p : memory_plan_.parts)
     s.memory_plan.emplace_back(p.name, p.bytes);
   s.memory_budget_bytes = options_.memory_budget_bytes;

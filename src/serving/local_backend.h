@@ -109,6 +109,12 @@ class LocalBackend : public GenerationBackend {
   virtual Status RunExclusive(std::function<Status(ExclusiveAccess&)> fn, int64_t prefill_tokens,
                               Clock::time_point deadline) = 0;
 
+  // Computes on `threads` engine threads from the next step on (elastic pools move cores
+  // between workers); waits for the loop to apply it between two steps. InvalidArgument outside
+  // [1, the engine's max_threads()]; Unavailable if the loop does not get to it in time.
+  // Generated text does not change (the kernels are thread-count invariant).
+  virtual Status SetEngineThreads(int threads) = 0;
+
   const engine::Engine& engine() const { return *engine_; }
 
  protected:

@@ -83,6 +83,7 @@ class LocalBackendImpl final : public LocalBackend {
   Status SubmitPrefilled(GenerationRequest request, int32_t first_token,
                          std::shared_ptr<GenerationSink> sink) override;
   void CancelReservation(const std::string& id) override;
+  Status SetEngineThreads(int threads) override TANDEM_EXCLUDES(mu_);
 
  private:
   // Reserves n_tokens positions under `id`, the first full blocks of `prompt` (if any) from
@@ -255,6 +256,9 @@ class LocalBackendImpl final : public LocalBackend {
     const int64_t prefill_us = prefill + decode > 0 ? us * prefill / (prefill + decode) : 0;
     busy_us_prefill_.fetch_add(prefill_us);
     busy_us_decode_.fetch_add(us - prefill_us);
+    const int threads = engine_->threads();
+    busy_core_us_prefill_.fetch_add(prefill_us * threads);
+    busy_core_us_decode_.fetch_add((us - prefill_us) * threads);
     computed_prefill_.fetch_add(prefill);
     computed_decode_.fetch_add(decode);
   }
@@ -317,6 +321,9 @@ class LocalBackendImpl final : public LocalBackend {
   std::atomic<int64_t> reservations_expired_{0};
   std::atomic<int64_t> busy_us_prefill_{0};  // microseconds of forward passes (CountBusy)
   std::atomic<int64_t> busy_us_decode_{0};
+  std::atomic<int> engine_threads_{0};  // the engine's thread count, for Stats() off the loop
+  std::atomic<int64_t> busy_core_us_prefill_{0};  // the same times the threads of each pass
+  std::atomic<int64_t> busy_core_us_decode_{0};
   std::atomic<int64_t> sampling_ns_{0};
   std::atomic<int64_t> computed_prefill_{0};
   std::atomic<int64_t> computed_decode_{0};

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -191,6 +192,66 @@ TEST(LocalBackendTest, BusyTimeAndTokensAreCountedByPhase) {
   EXPECT_GT(s.busy_seconds_decode, 0.0);
   // Forward passes are a part of the wall time the requests took.
   EXPECT_LE(s.busy_seconds_prefill + s.busy_seconds_decode, wall);
+}
+
+// Elastic pools resize a running engine: while a batch generates, its thread count moves
+// between 1 and max_threads step by step, and every output is token for token what a run at a
+// fixed count gave (the kernels are thread-count invariant). Busy core-seconds count each
+// step's threads; a count outside [1, max_threads] is refused.
+TEST(LocalBackendTest, EngineThreadsChangeWhileGenerating) {
+  engine::EngineOptions o;
+  o.model_path = ModelPath();
+  o.kv_capacity_tokens = 4096;
+  o.threads = 2;
+  o.max_threads = 3;
+  auto loaded = engine::Engine::Load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::unique_ptr<engine::Engine> e = std::move(*loaded);
+  // No prefix cache: the second run computes every prompt again, under the resizes.
+  auto backend = MakeLocalBackend(
+      e.get(), {.max_num_seqs = 4, .max_batch_tokens = 16, .enable_prefix_cache = false});
+  EXPECT_EQ(backend->Stats().engine_threads, 2);
+  EXPECT_EQ(backend->Stats().engine_max_threads, 3);
+  std::vector<GenerationRequest> reqs;
+  for (const std::string& p : Prompts(3)) {
+    reqs.push_back(Greedy(*e, p, 24));
+    reqs.back().id = "fixed-" + std::to_string(reqs.size());
+  }
+  const std::vector<std::vector<int32_t>> fixed = SubmitAll(*backend, reqs);
+
+  std::atomic<bool> done{false};
+  std::atomic<int> resizes{0};
+  std::thread resizer([&] {
+    for (int i = 0; !done.load(); ++i) {
+      const int threads = 1 + i % 3;  // 1, 2, 3, 1, ...
+      EXPECT_TRUE(backend->SetEngineThreads(threads).ok());
+      ++resizes;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  for (auto& r : reqs) r.id = "resized-" + r.id;
+  const BackendStats before = backend->Stats();
+  const std::vector<std::vector<int32_t>> resized = SubmitAll(*backend, reqs);
+  done = true;
+  resizer.join();
+  EXPECT_GT(resizes.load(), 3);
+  EXPECT_EQ(resized, fixed);
+
+  const BackendStats after = backend->Stats();
+  const double busy = (after.busy_seconds_prefill + after.busy_seconds_decode) -
+                      (before.busy_seconds_prefill + before.busy_seconds_decode);
+  const double core_busy =
+      (after.busy_core_seconds_prefill + after.busy_core_seconds_decode) -
+      (before.busy_core_seconds_prefill + before.busy_core_seconds_decode);
+  // Each step ran on 1 to 3 threads (the microsecond counts round each step down).
+  EXPECT_GE(core_busy, busy * 1 - 1e-3);
+  EXPECT_LE(core_busy, busy * 3 + 1e-3);
+
+  EXPECT_EQ(backend->SetEngineThreads(0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->SetEngineThreads(4).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(backend->SetEngineThreads(3).ok());
+  EXPECT_EQ(backend->Stats().engine_threads, 3);
+  backend->Drain(Clock::now() + std::chrono::seconds(5));
 }
 
 // Work outside the scheduler runs on the loop thread between steps with the engine to itself:

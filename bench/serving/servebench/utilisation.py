@@ -1,9 +1,11 @@
 """How much of the machine the server used during a run, from the scraped worker counters
 (scrape.py), and how much of that went to requests that met their SLOs.
 
-- busy core-seconds: the increase of tandem_worker_busy_seconds_total (engine forward-pass
-  seconds) of every worker and phase, times the worker's engine threads
-  (tandem_worker_threads) at the end of each scrape interval;
+- busy core-seconds: the increase of tandem_worker_busy_core_seconds_total (each forward
+  pass's seconds times the threads it ran on, so exact when elastic pools resize a worker) of
+  every worker and phase; from a server without it, the increase of
+  tandem_worker_busy_seconds_total times the worker's engine threads (tandem_worker_threads)
+  at the end of each scrape interval;
 - utilisation: busy core-seconds / (cores x wall seconds of the run), i.e. busy over available
   core-seconds; per worker and per role the same numerator restricted to them, over the same
   denominator (so the workers' shares add up to the total);
@@ -26,6 +28,7 @@ continuous count; an interval's busy time goes to the role the worker has at its
 """
 
 BUSY = "tandem_worker_busy_seconds_total"
+CORE_BUSY = "tandem_worker_busy_core_seconds_total"
 TOKENS = "tandem_worker_computed_tokens_total"
 THREADS = "tandem_worker_threads"
 WORKERS = "tandem_workers"
@@ -116,7 +119,7 @@ def compute(scrapes, records, duration_s, cores):
     if len(scrapes) < 2 or not any(s["name"] == BUSY for sc in scrapes for s in sc["samples"]):
         return None
     available = cores * duration_s            # core-seconds the run had
-    last_busy, last_tokens = {}, {}
+    last_busy, last_core, last_tokens = {}, {}, {}
     workers = {}                              # worker -> figures
     by_phase = {}                             # phase -> busy core-seconds
     tokens = {}                               # phase -> computed tokens
@@ -124,6 +127,7 @@ def compute(scrapes, records, duration_s, cores):
     threads_assumed = False
     for k, sc in enumerate(scrapes):
         busy, busy_roles = _worker_counters(sc["samples"], BUSY)
+        core_busy, _ = _worker_counters(sc["samples"], CORE_BUSY)
         tok, _ = _worker_counters(sc["samples"], TOKENS)
         state = _worker_state(sc["samples"])
         interval_core_s, interval_roles = 0.0, {}
@@ -137,6 +141,11 @@ def compute(scrapes, records, duration_s, cores):
                 threads_assumed = True
                 role, threads = max(busy_roles[key].items(), key=lambda kv: kv[1])[0], 1.0
             core_s = inc * threads
+            if key in core_busy:  # the worker counts its cores itself (exact across resizes)
+                v_core = core_busy[key]
+                core_s = (_increase(last_core[key], v_core) if key in last_core
+                          else (v_core if k > 0 else 0.0))
+                last_core[key] = v_core
             f = workers.setdefault(w, {"busy_s": {}, "core_s": 0.0})
             f["role"], f["threads"] = role, threads
             f["busy_s"][phase] = f["busy_s"].get(phase, 0.0) + inc
