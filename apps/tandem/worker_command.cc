@@ -101,6 +101,12 @@ int RunWorker(const WorkerFlags& f) {
   }
   o.engine.model_path = f.model.empty() ? DefaultModelPath() : f.model;
   o.engine.threads = f.threads;
+  if (f.max_threads != 0 && f.max_threads < f.threads) {
+    std::fprintf(stderr, "error: --max-threads (%d) is below --threads (%d)\n", f.max_threads,
+                 f.threads);
+    return 2;
+  }
+  o.engine.max_threads = f.max_threads;
   o.engine.block_tokens = knobs.block_tokens;
   o.engine.kv_capacity_tokens = static_cast<int>(std::min<int64_t>(kv_cache_tokens, 1 << 26));
   if (knobs.memory_budget_mb > 0 && !o.mock_cost) {
@@ -113,7 +119,7 @@ int RunWorker(const WorkerFlags& f) {
       return 1;
     }
     const engine::MemoryPlanInputs in = PlanInputs(static_cast<int64_t>((*file)->file_size()),
-                                                   *config, f.knobs, f.threads, 0, true);
+                                                   *config, f.knobs, std::max(f.threads, f.max_threads), 0, true);
     const StatusOr<int64_t> fits = KvTokensInBudget(f.knobs.memory_budget_mb, *config, in);
     if (!fits.ok()) {
       std::fprintf(stderr, "error: %s\n", fits.status().message().c_str());

@@ -38,6 +38,11 @@ void AddWorkerFlags(CLI::App* cmd, WorkerFlags& f) {
   cmd->add_option("--threads", f.threads, "Engine threads")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  cmd->add_option("--max-threads", f.max_threads,
+                  "Engine threads the worker may be resized to at runtime (POST /v1/threads, "
+                  "elastic pools); they are started and park until used (0: --threads)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity in tokens")
       ->check(CLI::Range(16, 1 << 26))
       ->capture_default_str();
@@ -56,6 +61,7 @@ std::vector<std::string> WorkerArgv(const WorkerFlags& f) {
   add("--host", f.host);
   add("--port", std::to_string(f.port));
   add("--threads", std::to_string(f.threads));
+  add("--max-threads", std::to_string(f.max_threads));
   add("--kv-cache-tokens", std::to_string(f.kv_cache_tokens));
   if (!f.name.empty()) add("--name", f.name);
   if (!f.model.empty()) add("--model", f.model);

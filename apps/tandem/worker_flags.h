@@ -19,6 +19,7 @@ struct WorkerFlags {
   std::string host = "127.0.0.1";  // control endpoint and transfer listener
   int port = 0;                    // 0: any free port
   int threads = 1;
+  int max_threads = 0;  // what POST /v1/threads may resize it to (0: --threads)
   int kv_cache_tokens = 16384;
   std::string cluster_token_file;  // empty: $TANDEM_CLUSTER_TOKEN, else none
   WorkerKnobs knobs;               // what `tandem serve` passes on unchanged

@@ -26,6 +26,7 @@ TEST(WorkerFlagsTest, ArgvParsesBackToTheSameFlags) {
   f.host = "10.0.0.7";
   f.port = 4242;
   f.threads = 3;
+  f.max_threads = 5;
   f.kv_cache_tokens = 12345;
   // Every knob away from its default (and doubles that print inexactly with %f).
   f.knobs.block_tokens = 32;

@@ -255,6 +255,8 @@ std::string WorkerInfo::ToJson() const {
               {"max_num_seqs", max_num_seqs},
               {"layer_windows", layer_windows},
               {"model_dim", model_dim},
+              {"threads", threads},
+              {"max_threads", max_threads},
               {"cost", json::parse(cost.ToJson())}}
       .dump();
 }
@@ -278,6 +280,8 @@ StatusOr<WorkerInfo> WorkerInfo::FromJson(const std::string& text) {
     w.max_num_seqs = j.value("max_num_seqs", 0);
     w.layer_windows = j.value("layer_windows", std::vector<int>{});
     w.model_dim = j.value("model_dim", 0);
+    w.threads = j.value("threads", 0);
+    w.max_threads = j.value("max_threads", 0);
     if (j.contains("cost")) {
       auto cost = conductor::CostModel::FromJson(j.at("cost").dump());
       if (cost.ok()) w.cost = std::move(*cost);  // an unreadable profile: no predictions
@@ -485,6 +489,34 @@ StatusOr<RoleChangeResult> RoleChangeResult::FromJson(const std::string& text) {
         TANDEM_ASSIGN_OR_RETURN(r.previous, ParseRole(j.at("previous").get<std::string>()));
         r.prefills_in_flight = j.value("prefills_in_flight", 0);
         r.decodes_in_flight = j.value("decodes_in_flight", 0);
+        return r;
+      });
+}
+
+std::string ThreadsChange::ToJson() const {
+  return json{{"threads", threads}, {"reason", reason}}.dump();
+}
+
+StatusOr<ThreadsChange> ThreadsChange::FromJson(const std::string& text) {
+  return Parse<ThreadsChange>(text, "threads change", [](const json& j) -> StatusOr<ThreadsChange> {
+    ThreadsChange c;
+    c.threads = j.at("threads").get<int>();
+    c.reason = j.value("reason", "");
+    if (c.threads < 1) return InvalidArgument("threads must be at least 1");
+    return c;
+  });
+}
+
+std::string ThreadsChangeResult::ToJson() const {
+  return json{{"threads", threads}, {"previous", previous}}.dump();
+}
+
+StatusOr<ThreadsChangeResult> ThreadsChangeResult::FromJson(const std::string& text) {
+  return Parse<ThreadsChangeResult>(
+      text, "threads change result", [](const json& j) -> StatusOr<ThreadsChangeResult> {
+        ThreadsChangeResult r;
+        r.threads = j.at("threads").get<int>();
+        r.previous = j.value("previous", 0);
         return r;
       });
 }

@@ -15,6 +15,10 @@
 //                                     (calls of a kind it no longer does are refused with
 //                                     FAILED_PRECONDITION), lets the work it holds finish, and
 //                                     republishes its WorkerInfo
+//   POST /v1/threads  ThreadsChange ->  ThreadsChangeResult: the engine computes on that many
+//                                     threads from its next step (within the worker's
+//                                     --max-threads; INVALID_ARGUMENT outside) and the worker
+//                                     republishes its WorkerInfo (threads, cost at that count)
 // Metadata: "tandem/workers/<name>" -> WorkerInfo, under the worker's lease.
 #pragma once
 
@@ -58,7 +62,9 @@ struct WorkerInfo {
   int64_t incarnation = 0;     // start time (ms since epoch): a restarted worker differs
   int max_batch_tokens = 256;  // tokens per forward step (chunk of a local prefill)
   int max_num_seqs = 0;        // sequences decoded at once at most (0: unknown)
-  conductor::CostModel cost;   // fitted at start or loaded; invalid: none
+  conductor::CostModel cost;   // at `threads`, fitted at start or loaded; invalid: none
+  int threads = 0;             // engine threads now (0: not said, an older worker)
+  int max_threads = 0;         // what POST /v1/threads may set (0: not said)
   // Per layer: the window its queries see (tokens), 0 for full attention. Empty: every layer
   // is global. With `cost`, what the conductor splits a pipelined prefill's layers by.
   std::vector<int> layer_windows = {};
@@ -225,6 +231,23 @@ struct RoleChangeResult {
 
   std::string ToJson() const;
   static StatusOr<RoleChangeResult> FromJson(const std::string& json);
+};
+
+// A thread-count change (elastic pools move cores between the workers of one host).
+struct ThreadsChange {
+  int threads = 0;
+  std::string reason;  // for the worker's log
+
+  std::string ToJson() const;
+  static StatusOr<ThreadsChange> FromJson(const std::string& json);
+};
+
+struct ThreadsChangeResult {
+  int threads = 0;
+  int previous = 0;
+
+  std::string ToJson() const;
+  static StatusOr<ThreadsChangeResult> FromJson(const std::string& json);
 };
 
 // {"error": {"code": "UNAVAILABLE", "message": "..."}} and back.

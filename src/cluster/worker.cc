@@ -200,16 +200,13 @@ class WorkerImpl final : public Worker {
     };
     if (o.mock_cost) eo.mock_step_seconds = MockStepFunction(*o.mock_cost);
     TANDEM_ASSIGN_OR_RETURN(engine_, engine::Engine::Load(eo));
-    CalibrationOptions cal;
-    cal.max_batch_tokens = o.scheduler.max_batch_tokens;
-    auto cost = o.mock_cost ? StatusOr<conductor::CostModel>(*o.mock_cost)
-                            : LoadOrCalibrate(*engine_, o.cost_profile, cal);
-    if (!cost.ok()) {
-      if (o.cost_profile != "auto" && o.cost_profile != "calibrate") return cost.status();
-      log_->warn("no cost model (the conductor places this worker by load only): {}",
-                 cost.status().ToString());
-    } else {
-      info_.cost = std::move(*cost);
+    TANDEM_RETURN_IF_ERROR(LoadCostModels(o));
+    info_.threads = engine_->threads();
+    info_.max_threads = engine_->max_threads();
+    info_.cost = CostAt(info_.threads);
+    {
+      MutexLock lock(&role_mu_);
+      threads_ = info_.threads;
     }
     info_.max_batch_tokens = o.scheduler.max_batch_tokens;
     info_.max_num_seqs = o.scheduler.max_num_seqs;
@@ -257,6 +254,50 @@ class WorkerImpl final : public Worker {
 
   int port() const override { return port_; }
   const WorkerInfo& info() const override { return info_; }
+
+  // The cost model at each thread count the engine may be resized to (elastic pools), each
+  // loaded or calibrated as `cost_profile` says (a profile is keyed by its thread count); a
+  // mock worker's model is the same at every count (its steps take the model's time however
+  // many threads it has). Leaves the engine at its starting count.
+  Status LoadCostModels(const WorkerOptions& o) {
+    const int start_threads = engine_->threads();
+    CalibrationOptions cal;
+    cal.max_batch_tokens = o.scheduler.max_batch_tokens;
+    for (int t = 1; t <= engine_->max_threads(); ++t) {
+      if (t != start_threads && (o.mock_cost || o.cost_profile == "none")) continue;
+      // A profile file given by path was measured at one count: the starting one.
+      const bool named_file = o.cost_profile != "auto" && o.cost_profile != "calibrate" &&
+                              o.cost_profile != "none";
+      if (t != start_threads && named_file) continue;
+      TANDEM_RETURN_IF_ERROR(engine_->SetThreads(t));
+      auto cost = o.mock_cost ? StatusOr<conductor::CostModel>(*o.mock_cost)
+                              : LoadOrCalibrate(*engine_, o.cost_profile, cal);
+      if (cost.ok()) {
+        costs_[t] = std::move(*cost);
+      } else if (t == start_threads) {
+        if (named_file) return cost.status();
+        log_->warn("no cost model (the conductor places this worker by load only): {}",
+                   cost.status().ToString());
+      } else {
+        log_->warn("no cost model at {} threads (the one at {} scaled stands in): {}", t,
+                   start_threads, cost.status().ToString());
+      }
+    }
+    return engine_->SetThreads(start_threads);
+  }
+
+  // The cost model at `threads`: its own, else the starting count's scaled by the thread
+  // ratio (ideal scaling, an optimistic stand-in), else none.
+  conductor::CostModel CostAt(int threads) const {
+    if (auto it = costs_.find(threads); it != costs_.end()) return it->second;
+    auto start = costs_.find(options_.engine.threads);
+    if (start == costs_.end()) return {};
+    if (options_.mock_cost) return start->second;
+    const double f = static_cast<double>(options_.engine.threads) / threads;
+    conductor::CostModel scaled = start->second.Scaled(f, f);
+    scaled.threads = threads;
+    return scaled;
+  }
 
   // The KV pool client, its DRAM segment and the serving loop's bridge to it.
   Status StartPool(int64_t incarnation, serving::SchedulerOptions* so) {
@@ -329,6 +370,10 @@ class WorkerImpl final : public Worker {
                ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
                  HandleRole(req, res);
                }));
+    http_.Post("/v1/threads",
+               ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
+                 HandleThreads(req, res);
+               }));
     http_.Post("/v1/cancel",
                ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
                  std::string id;
@@ -378,7 +423,7 @@ class WorkerImpl final : public Worker {
     r.prefills_in_flight = prefills_in_flight_.load();
     r.decodes_in_flight = decodes_in_flight_.load();
     if (r.role != r.previous) {
-      WorkerInfo published = info_;
+      WorkerInfo published = PublishedLocked();
       published.role = r.role;
       if (Status st =
               metadata_->Put(std::string(kWorkersPrefix) + options_.name, published.ToJson());
@@ -391,6 +436,40 @@ class WorkerImpl final : public Worker {
           "role {} -> {} ({}); {} prefills and {} decode streams in flight finish as they are",
           RoleName(r.previous), RoleName(r.role), change->reason.empty() ? "asked" : change->reason,
           r.prefills_in_flight, r.decodes_in_flight);
+    }
+    res.set_content(r.ToJson(), "application/json");
+  }
+
+  // What the metadata service should hold for this worker now.
+  WorkerInfo PublishedLocked() const TANDEM_REQUIRES(role_mu_) {
+    WorkerInfo published = info_;
+    published.role = role_.load();
+    published.threads = threads_;
+    published.cost = CostAt(threads_);
+    return published;
+  }
+
+  void HandleThreads(const httplib::Request& req, httplib::Response& res)
+      TANDEM_EXCLUDES(role_mu_) {
+    auto change = ThreadsChange::FromJson(req.body);
+    if (!change.ok()) return ReplyError(res, change.status());
+    MutexLock lock(&role_mu_);  // one change at a time; the published info follows it
+    ThreadsChangeResult r;
+    r.previous = threads_;
+    r.threads = change->threads;
+    if (r.threads != r.previous) {
+      // The engine first: from its next step it computes on the new count.
+      if (Status st = backend_->SetEngineThreads(r.threads); !st.ok()) return ReplyError(res, st);
+      threads_ = r.threads;
+      if (Status st = metadata_->Put(std::string(kWorkersPrefix) + options_.name,
+                                     PublishedLocked().ToJson());
+          !st.ok()) {
+        // The engine runs at the new count; the conductor's predictions catch up at the next
+        // change or the retry of this one.
+        return ReplyError(res, Unavailable("cannot publish the new thread count: " + st.message()));
+      }
+      log_->info("threads {} -> {} ({})", r.previous, r.threads,
+                 change->reason.empty() ? "asked" : change->reason);
     }
     res.set_content(r.ToJson(), "application/json");
   }
@@ -755,7 +834,9 @@ class WorkerImpl final : public Worker {
 
   // The role now (elastic pools: POST /v1/role changes it); read lock-free by the handlers.
   std::atomic<Role> role_{Role::kMixed};
-  Mutex role_mu_;  // serialises role changes and their publication
+  Mutex role_mu_;  // serialises role and thread changes and their publication
+  int threads_ TANDEM_GUARDED_BY(role_mu_) = 0;  // the engine's thread count, as published
+  std::map<int, conductor::CostModel> costs_;      // by thread count; fixed after Init
   std::atomic<int> prefills_in_flight_{0};
   std::atomic<int> decodes_in_flight_{0};  // decode streams being answered
 
