@@ -23,6 +23,12 @@ void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& p) {
                   "per half of it at most")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  cmd->add_option("--planner-thread-dwell-s", p.thread_dwell_s,
+                  "Elastic pools on one host (serve --cores): a worker whose engine threads "
+                  "changed keeps the new count at least this long (a worker starting takes "
+                  "cores back at once)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--planner-high", p.high,
                   "A pool whose load (share of what meets the SLOs) is above this asks for a "
                   "worker")

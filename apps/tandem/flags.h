@@ -37,12 +37,13 @@ struct PlannerKnobs {
   bool elastic = false;  // run it at all
   double interval_s = 1.0;
   double dwell_s = 10.0;
+  double thread_dwell_s = 5.0;  // a resized worker keeps its thread count at least this long
   double high = 0.7;
   double low = 0.35;
   std::string hook;  // orchestrator command (conductor/conductor.h planner_hook)
 };
-// --elastic, --planner-interval-s, --planner-dwell-s, --planner-high, --planner-low,
-// --planner-hook.
+// --elastic, --planner-interval-s, --planner-dwell-s, --planner-thread-dwell-s, --planner-high,
+// --planner-low, --planner-hook.
 void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
 
 // --block-tokens, --max-num-seqs, --max-batch-tokens, --max-waiting, --drain-timeout-s,

@@ -576,6 +576,14 @@ int RunServe(const ServeFlags& flags) {
   co.planner.high = f.planner.high;
   co.planner.low = f.planner.low;
   co.planner_hook = f.planner.hook;
+  // Elastic pools on this host: the workers' engine threads are divided within --cores.
+  const int core_budget = f.cores > 0 ? f.cores : DefaultThreads();
+  if (f.planner.elastic && f.spawn_workers) {
+    co.core_budget = core_budget;
+    co.thread_planner = {.high = f.planner.high,
+                         .low = f.planner.low,
+                         .dwell_s = f.planner.thread_dwell_s};
+  }
   // Elastic pools on this host: the planner's requests to add or remove a worker, carried out
   // below within --cores once the supervisor exists (and forgotten before it goes).
   struct LocalScaler {
@@ -629,14 +637,17 @@ int RunServe(const ServeFlags& flags) {
     conductor_ptr->CountWorkerRestart(name.rfind("prefill", 0) == 0 ? cluster::Role::kPrefill
                                                                     : cluster::Role::kDecode);
   });
-  auto spawn = [&](const std::string& role, int index) {
+  auto spawn = [&](const std::string& role, int index, int threads) {
     const std::string name = role + "-" + std::to_string(index);
     WorkerFlags worker;
     worker.role = role;
     worker.name = name;
     worker.metadata = metadata_uri;
     worker.model = model_path;
-    worker.threads = worker_threads;
+    worker.threads = threads;
+    // Elastic pools: a worker may grow to every core of the budget (its threads park until
+    // the thread planner gives it cores).
+    worker.max_threads = f.planner.elastic ? std::max(threads, core_budget) : 0;
     worker.kv_cache_tokens = static_cast<int>(kv_tokens);
     worker.knobs = f.knobs;
     cluster::ChildSpec spec;
@@ -650,13 +661,13 @@ int RunServe(const ServeFlags& flags) {
   const int prefill_workers = f.spawn_workers ? f.prefill_workers : 0;
   const int decode_workers = f.spawn_workers ? f.decode_workers : 0;
   for (int i = 0; i < prefill_workers; ++i) {
-    if (Status st = spawn("prefill", i); !st.ok()) {
+    if (Status st = spawn("prefill", i, worker_threads); !st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
       return 1;
     }
   }
   for (int i = 0; i < decode_workers; ++i) {
-    if (Status st = spawn("decode", i); !st.ok()) {
+    if (Status st = spawn("decode", i, worker_threads); !st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
       return 1;
     }
@@ -676,11 +687,10 @@ int RunServe(const ServeFlags& flags) {
   }
   // Only once the cluster is up: the planner's requests are carried out from here on.
   {
-    const int cores = f.cores > 0 ? f.cores : DefaultThreads();
     auto next_index = std::make_shared<std::map<std::string, int>>(
         std::map<std::string, int>{{"prefill", prefill_workers}, {"decode", decode_workers}});
     MutexLock lock(&scaler->mu);
-    scaler->act = [&, cores, next_index](const std::string& request, const std::string& worker) {
+    scaler->act = [&, next_index](const std::string& request, const std::string& worker) {
       auto log = GetLogger("serve");
       if (request == "remove") {
         if (supervisor.Retire(worker, After(f.knobs.drain_timeout_s)).ok()) {
@@ -690,16 +700,19 @@ int RunServe(const ServeFlags& flags) {
         return;
       }
       const std::string role = request == "add_prefill" ? "prefill" : "decode";
-      if ((supervisor.active() + 1) * worker_threads > cores) {
-        log->info("elastic pools: the planner asks for a {} worker; no {} cores left within {}",
-                  role, worker_threads, cores);
+      // Cores for it: free ones, or taken back from running workers (never below one thread
+      // each), held until it joins (loading and calibrating take seconds).
+      const int threads = conductor_ptr->ReserveCores(worker_threads, std::chrono::minutes(3));
+      if (threads <= 0) {
+        log->info("elastic pools: the planner asks for a {} worker; no core left within {}",
+                  role, core_budget);
         return;
       }
       const int index = (*next_index)[role]++;
-      if (Status st = spawn(role, index); !st.ok()) {
+      if (Status st = spawn(role, index, threads); !st.ok()) {
         log->warn("elastic pools: cannot start a {} worker: {}", role, st.ToString());
       } else {
-        log->info("elastic pools: started {}-{} ({} threads)", role, index, worker_threads);
+        log->info("elastic pools: started {}-{} ({} threads)", role, index, threads);
       }
     };
   }

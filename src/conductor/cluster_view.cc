@@ -59,9 +59,20 @@ std::string ClusterView::ApplyProbe(const cluster::WorkerInfo& info,
     w.placed_keys.clear();
   }
   const auto now = Clock::now();
+  w.listed = true;
   if (w.info.role != info.role && now - w.role_set_at > kRoleSettleTime) {
     event = std::string("is ") + cluster::RoleName(info.role) + " now";
     w.info.role = info.role;
+  }
+  if (info.threads == w.info.threads || now - w.threads_set_at > kRoleSettleTime) {
+    if (info.threads != w.info.threads) {
+      if (event.empty()) event = "computes on " + std::to_string(info.threads) + " threads now";
+      // The measured/predicted corrections were learnt at the old count.
+      w.prefill_scale = w.decode_scale = 1.0;
+    }
+    w.info.threads = info.threads;
+    w.info.max_threads = info.max_threads;
+    w.info.cost = info.cost;
   }
   if (stats.ok()) {
     SampleBusy(&w, stats->backend, now);
@@ -116,6 +127,7 @@ void ClusterView::ExpirePlacedKeys(Worker* w, Clock::time_point now) {
 std::vector<std::string> ClusterView::MarkUnlisted(const std::unordered_set<std::string>& listed) {
   std::vector<std::string> gone;
   for (auto& [name, w] : workers_) {
+    if (!listed.count(name)) w.listed = false;
     if (!listed.count(name) && w.healthy) {
       w.healthy = false;
       gone.push_back(name);

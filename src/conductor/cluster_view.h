@@ -92,6 +92,11 @@ class ClusterView {
     // kRoleSettleTime cannot undo it), and the share of wall time its engine computed, an
     // average over about kBusyAverageTime of its /stats busy seconds.
     Clock::time_point role_set_at{};
+    // Likewise when the conductor last changed its engine threads (POST /v1/threads): the
+    // listing's threads and cost (the model at that count) replace the view's once they agree
+    // with it or after kRoleSettleTime.
+    Clock::time_point threads_set_at{};
+    bool listed = true;  // in the metadata service's last listing (false: it left, e.g. stopped)
     Clock::time_point joined_at{};  // its current incarnation's first probe
     double busy_share = 0;
     double busy_seconds = -1;  // at busy_sampled_at (-1: no sample yet)

@@ -216,6 +216,37 @@ Status ConductorImpl::ChangeRole(const std::string& worker, Role role, const std
   return OkStatus();
 }
 
+Status ConductorImpl::ChangeThreads(const std::string& worker, int threads,
+                                    const std::string& reason) {
+  std::shared_ptr<WorkerClient> client;
+  {
+    MutexLock lock(&mu_);
+    auto* w = view_.Find(worker);
+    if (w == nullptr || !w->client) return NotFound("no worker named " + worker);
+    client = w->client;
+  }
+  auto changed = client->ChangeThreads({threads, reason}, Clock::now() + std::chrono::seconds(5));
+  if (!changed.ok()) {
+    log_->warn("worker {} did not change to {} threads: {}", worker, threads,
+               changed.status().ToString());
+    return changed.status().WithContext("worker " + worker);
+  }
+  {
+    MutexLock lock(&mu_);
+    if (auto* w = view_.Find(worker)) {
+      if (w->info.threads != changed->threads) w->prefill_scale = w->decode_scale = 1.0;
+      w->info.threads = changed->threads;
+      w->threads_set_at = Clock::now();
+    }
+  }
+  if (changed->previous != changed->threads) {
+    metrics_.ThreadsChanged(reason, changed->previous, changed->threads);
+    log_->info("worker {} computes on {} threads (was {}; {})", worker, changed->threads,
+               changed->previous, reason);
+  }
+  return OkStatus();
+}
+
 }  // namespace internal
 
 StatusOr<std::unique_ptr<Conductor>> Conductor::Start(ConductorOptions options) {

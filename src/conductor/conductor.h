@@ -35,6 +35,7 @@
 #include "conductor/policy/pipeline.h"
 #include "conductor/policy/placement.h"
 #include "conductor/policy/planner.h"
+#include "conductor/policy/thread_planner.h"
 #include "serving/backend.h"
 #include "transfer/metadata.h"
 
@@ -66,6 +67,11 @@ struct ConductorOptions {
   bool elastic = false;
   PlannerOptions planner;
   std::chrono::milliseconds planner_interval{1000};
+  // Elastic pools on one host: the cores the workers' engine threads may add up to. With
+  // `elastic`, every planner interval PlanThreads (policy/thread_planner.h) divides them
+  // between the workers that say their max_threads (POST /v1/threads). 0: threads not planned.
+  int core_budget = 0;
+  ThreadPlanOptions thread_planner;
   // An external orchestrator (several hosts): when the planner finds that role moves cannot
   // give what the load needs (PlannerDecision::Scale), this command is run with /bin/sh, at
   // most once per planner dwell time, with TANDEM_PLANNER_REQUEST=add_prefill|add_decode|remove,
@@ -109,6 +115,16 @@ class Conductor : public serving::GenerationBackend {
   // Counted in tandem_role_switches_total. NotFound for an unknown worker; the worker's error.
   virtual Status ChangeRole(const std::string& worker, cluster::Role role,
                             const std::string& reason) = 0;
+  // Sets `worker`'s engine threads now (elastic pools, or an operator); counted in
+  // tandem_thread_changes_total. NotFound for an unknown worker; the worker's error (e.g.
+  // INVALID_ARGUMENT above its max_threads).
+  virtual Status ChangeThreads(const std::string& worker, int threads,
+                               const std::string& reason) = 0;
+  // For a worker about to start on this host: frees up to `wanted` cores of core_budget now,
+  // shrinking running workers as PlanThreads does when over budget (never below one thread),
+  // and holds what it frees for the newcomer until a worker joins or `hold` passes. Returns the
+  // cores held (0: none could be freed; without a core budget, `wanted`).
+  virtual int ReserveCores(int wanted, Clock::duration hold) = 0;
   // Counted in tandem_worker_restarts_total (the supervisor restarted a worker process).
   virtual void CountWorkerRestart(cluster::Role role) = 0;
 };

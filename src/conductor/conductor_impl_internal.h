@@ -97,6 +97,9 @@ class ConductorImpl final : public Conductor {
 
   Status ChangeRole(const std::string& worker, Role role, const std::string& reason) override
       TANDEM_EXCLUDES(mu_);
+  Status ChangeThreads(const std::string& worker, int threads, const std::string& reason) override
+      TANDEM_EXCLUDES(mu_);
+  int ReserveCores(int wanted, Clock::duration hold) override TANDEM_EXCLUDES(mu_);
 
  private:
   // ---- placement ----
@@ -171,6 +174,16 @@ class ConductorImpl final : public Conductor {
   // One decision of the planner on the current view, carried out (heartbeat thread).
   void PlanPools() TANDEM_EXCLUDES(mu_);
 
+  // One plan of the thread planner on the current view with these pool loads, carried out:
+  // shrinks first, then growths, so the budget holds at every moment (heartbeat thread).
+  void PlanCores(double prefill_load, double decode_load) TANDEM_EXCLUDES(mu_);
+  // The thread planner's input from the view (loads left 0), reserved cores included.
+  ThreadPlanInput CoresInputLocked(std::vector<std::string>* names) TANDEM_REQUIRES(mu_);
+  // Carries out `plan` (its changes to `names`), shrinks first; returns the changes made.
+  int ApplyThreadPlan(const ThreadPlan& plan, const ThreadPlanInput& in,
+                      const std::vector<std::string>& names, bool shrinks_only)
+      TANDEM_EXCLUDES(mu_);
+
   // Runs --planner-hook for a scale request (at most once per dwell time), without waiting:
   // a thread reaps it and counts its outcome.
   void RunPlannerHook(const PlannerDecision& d, const std::string& worker) TANDEM_EXCLUDES(mu_);
@@ -241,6 +254,14 @@ class ConductorImpl final : public Conductor {
   int64_t ttft_rejected_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;
   int64_t tbt_rejected_since_plan_ TANDEM_GUARDED_BY(mu_) = 0;
   Clock::time_point next_plan_ = {};  // heartbeat thread only
+  // Cores held for workers being started (ReserveCores): each until a worker joins after it
+  // was made, or until its deadline.
+  struct CoreReservation {
+    int cores = 0;
+    Clock::time_point made, until;
+  };
+  std::vector<CoreReservation> reservations_ TANDEM_GUARDED_BY(mu_);
+  Mutex threads_mu_;  // serialises thread plans (heartbeat thread and ReserveCores callers)
 
   std::thread heartbeat_;  // last: starts after the members above exist
 };

@@ -66,12 +66,116 @@ void ConductorImpl::PlanPools() {
   }
   if (d.action == PlannerDecision::Action::kNone) {
     log_->debug("planner: no change ({}): {}", d.reason, d.detail);
+  } else {
+    const Role to =
+        d.action == PlannerDecision::Action::kToPrefill ? Role::kPrefill : Role::kDecode;
+    log_->info("planner: {} to {} ({}: {})", names[d.worker], cluster::RoleName(to), d.reason,
+               d.detail);
+    (void)ChangeRole(names[d.worker], to, d.reason);  // a failure is logged; retried next time
+  }
+  if (options_.core_budget > 0) PlanCores(d.prefill_load, d.decode_load);
+}
+
+ThreadPlanInput ConductorImpl::CoresInputLocked(std::vector<std::string>* names) {
+  const auto now = Clock::now();
+  ThreadPlanInput in;
+  in.cores = options_.core_budget;
+  for (const auto& [name, w] : view_.workers()) {
+    // A reservation is met by the first worker to join after it was made.
+    for (auto it = reservations_.begin(); it != reservations_.end(); ++it) {
+      if (w.joined_at > it->made) {
+        reservations_.erase(it);
+        break;
+      }
+    }
+  }
+  std::erase_if(reservations_, [&](const CoreReservation& r) { return r.until < now; });
+  for (const CoreReservation& r : reservations_) in.reserved += r.cores;
+  for (const auto& [name, w] : view_.workers()) {
+    if (!w.listed) continue;  // it left (stopped): its cores are free
+    ThreadPlanWorker t;
+    t.name = name;
+    t.role = ToPolicyRole(w.info.role);
+    t.healthy = w.healthy;
+    t.threads = w.info.threads;
+    t.max_threads = w.info.max_threads;
+    const Clock::time_point settled = std::max(w.threads_set_at, w.joined_at);
+    t.since_resize_s = settled == Clock::time_point{} ? 1e9 : Seconds(now - settled);
+    in.workers.push_back(t);
+    names->push_back(name);
+  }
+  return in;
+}
+
+int ConductorImpl::ApplyThreadPlan(const ThreadPlan& plan, const ThreadPlanInput& in,
+                                   const std::vector<std::string>& names, bool shrinks_only) {
+  int changed = 0;
+  for (const bool shrinking : {true, false}) {
+    if (!shrinking && shrinks_only) break;
+    for (size_t i = 0; i < in.workers.size(); ++i) {
+      const int from = in.workers[i].threads, to = plan.threads[i];
+      if (to == from || (to < from) != shrinking) continue;
+      // A failure is logged by ChangeThreads; the next plan sees the count the worker has.
+      if (ChangeThreads(names[i], to, plan.reason).ok()) ++changed;
+    }
+  }
+  return changed;
+}
+
+void ConductorImpl::PlanCores(double prefill_load, double decode_load) {
+  MutexLock plan_lock(&threads_mu_);
+  std::vector<std::string> names;
+  ThreadPlanInput in;
+  {
+    MutexLock lock(&mu_);
+    in = CoresInputLocked(&names);
+  }
+  in.prefill_load = prefill_load;
+  in.decode_load = decode_load;
+  metrics_.CoreBudget(in.cores, in.reserved);
+  const ThreadPlan plan = PlanThreads(in, options_.thread_planner);
+  if (plan.changes == 0) {
+    log_->debug("thread planner: no change ({}): {}", plan.reason, plan.detail);
     return;
   }
-  const Role to = d.action == PlannerDecision::Action::kToPrefill ? Role::kPrefill : Role::kDecode;
-  log_->info("planner: {} to {} ({}: {})", names[d.worker], cluster::RoleName(to), d.reason,
-             d.detail);
-  (void)ChangeRole(names[d.worker], to, d.reason);  // a failure is logged; retried next time
+  log_->info("thread planner: {}: {}", plan.reason, plan.detail);
+  ApplyThreadPlan(plan, in, names, /*shrinks_only=*/false);
+}
+
+int ConductorImpl::ReserveCores(int wanted, Clock::duration hold) {
+  if (options_.core_budget <= 0) return wanted;
+  MutexLock plan_lock(&threads_mu_);
+  std::vector<std::string> names;
+  ThreadPlanInput in;
+  {
+    MutexLock lock(&mu_);
+    in = CoresInputLocked(&names);
+  }
+  int used = 0;
+  for (const ThreadPlanWorker& w : in.workers) used += w.threads;
+  if (in.cores - in.reserved - used < wanted) {
+    // Shrink as if the newcomer's cores were already held (loads as last measured: the busier
+    // pool keeps its threads longest).
+    ThreadPlanInput asked = in;
+    asked.reserved += wanted;
+    const ThreadPlan plan = PlanThreads(asked, options_.thread_planner);
+    if (plan.reason == "over_budget" && plan.changes > 0) {
+      log_->info("thread planner: cores for a starting worker: {}", plan.detail);
+      ApplyThreadPlan(plan, asked, names, /*shrinks_only=*/true);
+    }
+  }
+  MutexLock lock(&mu_);
+  names.clear();
+  in = CoresInputLocked(&names);
+  used = 0;
+  for (const ThreadPlanWorker& w : in.workers) used += w.threads;
+  const int granted = std::clamp(in.cores - in.reserved - used, 0, wanted);
+  if (granted > 0) {
+    const auto now = Clock::now();
+    reservations_.push_back({granted, now, now + hold});
+  }
+  metrics_.CoreBudget(in.cores, in.reserved + granted);
+  return granted;
 }
 
 void ConductorImpl::RunPlannerHook(const PlannerDecision& d, const std::string& worker) {

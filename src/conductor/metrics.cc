@@ -41,6 +41,7 @@ void ConductorMetrics::WorkerTotals::Add(const ClusterView::Worker& w, const std
   o.tokens_prefill = w.stats.backend.computed_tokens_prefill;
   o.tokens_decode = w.stats.backend.computed_tokens_decode;
   o.threads = w.stats.backend.engine_threads;
+  o.listed = w.listed;
   o.sampling_s = w.stats.backend.sampling_seconds;
   o.running = w.stats.backend.running;
   o.kv_total = w.stats.backend.kv_blocks_total;
@@ -92,6 +93,17 @@ void ConductorMetrics::RoleSwitched(const std::string& from, const std::string& 
 void ConductorMetrics::HookCalled(const std::string& request, const std::string& outcome) {
   MutexLock lock(&mu_);
   hook_calls_[{request, outcome}]++;
+}
+
+void ConductorMetrics::ThreadsChanged(const std::string& reason, int from, int to) {
+  MutexLock lock(&mu_);
+  thread_changes_[{reason, to > from ? "grow" : "shrink"}]++;
+}
+
+void ConductorMetrics::CoreBudget(int cores, int reserved) {
+  MutexLock lock(&mu_);
+  core_budget_ = cores;
+  cores_reserved_ = reserved;
 }
 
 void ConductorMetrics::ObservePrediction(double predicted_ttft, double measured_ttft,
@@ -170,7 +182,8 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
                         serving::kThreadsHelp,
                         false,
                         {{"worker", w.name}, {"role", w.role}},
-                        double(w.threads)});
+                        // A worker that left the metadata service (stopped) computes on none.
+                        double(w.listed ? w.threads : 0)});
     s->extra.push_back({"tandem_worker_sampling_seconds_total",
                         serving::kSamplingSecondsHelp,
                         true,
@@ -362,6 +375,27 @@ void ConductorMetrics::Export(const WorkerTotals& totals, serving::BackendStats*
            true,
            {{"request", key.first}, {"outcome", key.second}},
            double(n)});
+    }
+    for (const auto& [key, n] : thread_changes_) {
+      s->extra.push_back({"tandem_thread_changes_total",
+                          "Workers whose engine threads were changed at runtime, by reason (the "
+                          "thread planner's: over_budget, spare_cores, prefill_load, decode_load; "
+                          "or asked) and direction (grow, shrink).",
+                          true,
+                          {{"reason", key.first}, {"direction", key.second}},
+                          double(n)});
+    }
+    if (core_budget_ > 0) {
+      s->extra.push_back({"tandem_planner_core_budget",
+                          "Cores the thread planner divides between the workers of this host.",
+                          false,
+                          {},
+                          double(core_budget_)});
+      s->extra.push_back({"tandem_planner_cores_reserved",
+                          "Of the core budget, cores held for workers being started.",
+                          false,
+                          {},
+                          double(cores_reserved_)});
     }
     for (const auto& [key, n] : role_switches_) {
       s->extra.push_back({"tandem_role_switches_total",

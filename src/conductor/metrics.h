@@ -35,6 +35,7 @@ class ConductorMetrics {
       // Its engine's utilisation counters at its last /stats (serving::BackendStats).
       double busy_prefill_s = 0, busy_decode_s = 0;
       double busy_core_prefill_s = 0, busy_core_decode_s = 0;
+      bool listed = true;  // in the metadata service's last listing
       int64_t tokens_prefill = 0, tokens_decode = 0;
       int threads = 0;
       double sampling_s = 0;                         // cumulative seconds drawing tokens
@@ -65,6 +66,10 @@ class ConductorMetrics {
   // The orchestrator hook was run for `request` (add_prefill, add_decode, remove) and ended
   // with `outcome` (ok, failed).
   void HookCalled(const std::string& request, const std::string& outcome) TANDEM_EXCLUDES(mu_);
+  // A worker's engine threads were changed (PlanThreads' reason, or "asked") from `from` to
+  // `to`; `budget` is the host's core budget (0: none).
+  void ThreadsChanged(const std::string& reason, int from, int to) TANDEM_EXCLUDES(mu_);
+  void CoreBudget(int cores, int reserved) TANDEM_EXCLUDES(mu_);
 
   std::atomic<int64_t> disaggregated{0};
   std::atomic<int64_t> fallbacks{0};
@@ -90,6 +95,10 @@ class ConductorMetrics {
   std::map<std::pair<std::string, std::string>, int64_t> planner_decisions_ TANDEM_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, int64_t> role_switches_ TANDEM_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, int64_t> hook_calls_ TANDEM_GUARDED_BY(mu_);
+  // (reason, grow | shrink) -> workers resized
+  std::map<std::pair<std::string, std::string>, int64_t> thread_changes_ TANDEM_GUARDED_BY(mu_);
+  int core_budget_ TANDEM_GUARDED_BY(mu_) = 0;  // 0: no thread planning
+  int cores_reserved_ TANDEM_GUARDED_BY(mu_) = 0;
   int target_prefill_ TANDEM_GUARDED_BY(mu_) = -1;  // -1: no planner decision yet
   int target_decode_ TANDEM_GUARDED_BY(mu_) = -1;
   int64_t slo_met_ TANDEM_GUARDED_BY(mu_) = 0;

@@ -102,6 +102,20 @@ StatusOr<cluster::RoleChangeResult> WorkerClient::ChangeRole(const cluster::Role
   return cluster::RoleChangeResult::FromJson(res->body);
 }
 
+StatusOr<cluster::ThreadsChangeResult> WorkerClient::ChangeThreads(
+    const cluster::ThreadsChange& change, Clock::time_point deadline) {
+  auto c = Take(deadline);
+  Status auth;
+  auto res = CallWorker(*c, "POST", "/v1/threads", change.ToJson(), Peer(), &auth);
+  if (!res) return Unavailable("no answer to /v1/threads: " + httplib::to_string(res.error()));
+  TANDEM_RETURN_IF_ERROR(auth);
+  Give(std::move(c));
+  if (res->status != 200) {
+    return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
+  }
+  return cluster::ThreadsChangeResult::FromJson(res->body);
+}
+
 void WorkerClient::Cancel(const std::string& id, Clock::time_point deadline) {
   auto c = Take(deadline);
   Status auth;

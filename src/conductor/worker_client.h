@@ -48,6 +48,10 @@ class WorkerClient {
   StatusOr<cluster::RoleChangeResult> ChangeRole(const cluster::RoleChange& change,
                                                  Clock::time_point deadline);
 
+  // POST /v1/threads: the worker's engine computes on that many threads from its next step.
+  StatusOr<cluster::ThreadsChangeResult> ChangeThreads(const cluster::ThreadsChange& change,
+                                                       Clock::time_point deadline);
+
   // POST /v1/cancel (best effort, bounded by `deadline`).
   void Cancel(const std::string& id, Clock::time_point deadline);
 

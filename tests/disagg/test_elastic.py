@@ -17,6 +17,22 @@ def switch(endpoint, role):
     return json.loads(call_internal(host, port, "/v1/role", {"role": role, "reason": "test"}))
 
 
+def resize(endpoint, threads):
+    """Asks a worker to compute on `threads` engine threads, as the thread planner would."""
+    host, port = endpoint
+    return json.loads(call_internal(host, port, "/v1/threads",
+                                    {"threads": threads, "reason": "test"}))
+
+
+def metric_sum(m, name, **labels):
+    """The sum of the samples of `name` whose labels include these (in any order)."""
+    total = 0.0
+    for key, value in m.items():
+        if key.split("{", 1)[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items()):
+            total += value
+    return total
+
+
 def requests_mix(n):
     out = []
     for i in range(n):
@@ -72,6 +88,55 @@ class RoleSwitchUnderLoad(unittest.TestCase):
             server.stop()
 
 
+class ThreadResizeUnderLoad(unittest.TestCase):
+    def test_resizes_lose_no_request_and_change_no_output(self):
+        # Elastic pools on 2 cores: each worker may grow to both. The planner is kept out of the
+        # way (one plan an hour) so that the test alone resizes.
+        server = disaggregated("--admission", "none", "--elastic", "--cores", "2",
+                               "--threads-per-worker", "1", "--planner-interval-s", "3600",
+                               env={"TANDEM_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN})
+        try:
+            bodies = requests_mix(12)
+            baseline = [text_of(post(server, "/v1/completions", b)) for b in bodies]
+            endpoints = worker_endpoints(server)
+            plan = [("decode-0", 2), ("prefill-0", 2), ("decode-0", 1), ("prefill-0", 1),
+                    ("decode-0", 2)]
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                futures = [pool.submit(stream, server, "/v1/completions", b, 180) for b in bodies]
+                previous = {"prefill-0": 1, "decode-0": 1}
+                for name, threads in plan:
+                    time.sleep(0.5)
+                    result = resize(endpoints[name], threads)
+                    self.assertEqual(result, {"threads": threads, "previous": previous[name]})
+                    previous[name] = threads
+                answers = [f.result(timeout=180) for f in futures]
+            for i, (text, finish, usage, error) in enumerate(answers):
+                self.assertIsNone(error, f"request {i}")
+                self.assertEqual(usage["completion_tokens"], bodies[i]["max_tokens"])
+                self.assertEqual(text, baseline[i], f"request {i}")
+            # The conductor reads the counts back from the workers' stats.
+            wait_for(lambda: metric_sum(server.metrics(), "tandem_worker_threads",
+                                        worker="decode-0") == 2, 10, "decode-0's threads")
+            m = server.metrics()
+            self.assertEqual(metric_sum(m, "tandem_worker_threads", worker="prefill-0"), 1)
+            self.assertEqual(metric(m, "tandem_planner_core_budget"), 2)
+            # Busy core-seconds count the threads each step ran on: at least the busy seconds.
+            for worker in ("prefill-0", "decode-0"):
+                busy = metric_sum(m, "tandem_worker_busy_seconds_total", worker=worker)
+                core = metric_sum(m, "tandem_worker_busy_core_seconds_total", worker=worker)
+                self.assertGreater(busy, 0, worker)
+                self.assertGreaterEqual(core, busy * 0.999, worker)
+            self.assertIn("threads 1 -> 2 (test)", server.log_text())
+            # Outside [1, --max-threads] is refused clearly, and the count stays.
+            for bad in (0, 3):
+                with self.assertRaises(urllib.error.HTTPError) as refused:
+                    resize(endpoints["decode-0"], bad)
+                self.assertEqual(refused.exception.code, 400)
+            self.assertEqual(resize(endpoints["decode-0"], 2), {"threads": 2, "previous": 2})
+        finally:
+            server.stop()
+
+
 class PlannerMovesAWorker(unittest.TestCase):
     def test_decode_heavy_load_takes_the_prefill_worker(self):
         # A TBT SLO of 5 ms: any decode batch on one thread is above it, so the decode pool is
@@ -123,6 +188,13 @@ class IdlePrefillWorkerIsStopped(unittest.TestCase):
             m = server.metrics()
             self.assertEqual(metric(m, "tandem_workers", role="decode", state="healthy"), 1)
             self.assertEqual(metric(m, "tandem_worker_restarts_total"), 0)  # stopped, not restarted
+            # The core it gave back goes to a worker still running (the thread planner), and the
+            # workers' threads fill the budget again.
+            wait_for(lambda: metric(server.metrics(), "tandem_thread_changes_total",
+                                    reason="spare_cores", direction="grow") >= 1, 30,
+                     "the spare core to be given")
+            wait_for(lambda: metric_sum(server.metrics(), "tandem_worker_threads") == 3, 30,
+                     "the workers' threads to add up to --cores")
             body = requests_mix(2)[1]
             self.assertTrue(text_of(post(server, "/v1/completions", body)))
         finally:
