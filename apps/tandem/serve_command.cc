@@ -580,6 +580,9 @@ int RunServe(const ServeFlags& flags) {
   const int core_budget = f.cores > 0 ? f.cores : DefaultThreads();
   if (f.planner.elastic && f.spawn_workers) {
     co.core_budget = core_budget;
+    // The last idle prefill worker may go too: its cores go to the decode workers, which
+    // compute prompts themselves until the load asks for a prefill worker again.
+    co.planner.remove_last_prefill = true;
     co.thread_planner = {.high = f.planner.high,
                          .low = f.planner.low,
                          .dwell_s = f.planner.thread_dwell_s};

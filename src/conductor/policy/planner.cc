@@ -41,9 +41,12 @@ namespace {
 // prefill pool shrinks: the decode pool stays resident (Mooncake's design; its workers hold
 // the streams).
 int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefill,
-                    double prefill_load) {
-  if (n_prefill <= std::max(1, o.min_prefill)) return -1;  // the last prefill worker stays
-  if (prefill_load * n_prefill / (n_prefill - 1) >= o.high) return -1;
+                    int n_decode, double prefill_load) {
+  const int keep = o.remove_last_prefill ? o.min_prefill : std::max(1, o.min_prefill);
+  if (n_prefill <= keep) return -1;  // the last prefill worker stays, unless allowed to go
+  // Its prompts go to the other prefill workers, or to the decode workers if it was the last.
+  const int left = n_prefill > 1 ? n_prefill - 1 : n_decode;
+  if (left <= 0 || prefill_load * n_prefill / left >= o.high) return -1;
   for (size_t i = 0; i < in.workers.size(); ++i) {
     const PlannerWorker& w = in.workers[i];
     if (w.role == WorkerRole::kPrefill && w.healthy && w.since_switch_s >= o.dwell_s &&
@@ -122,7 +125,7 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
                          ? WorkerRole::kPrefill
                          : WorkerRole::kDecode;
     } else if (r == "balanced" && d.prefill_load < o.low && d.decode_load < o.low) {
-      d.scale_worker = RemoveCandidate(in, o, n_prefill, d.prefill_load);
+      d.scale_worker = RemoveCandidate(in, o, n_prefill, n_decode, d.prefill_load);
       if (d.scale_worker >= 0) d.scale = PlannerDecision::Scale::kRemove;
     }
     return d;

@@ -61,6 +61,10 @@ struct PlannerOptions {
   double dwell_s = 10;  // a worker keeps a new role at least this long
   int min_decode = 1;   // decode-capable workers kept (the cluster cannot serve without one)
   int min_prefill = 0;  // prefill workers kept (decode workers can compute prompts themselves)
+  // Whether kRemove may offer the last prefill worker (with min_prefill 0). On one host with a
+  // core budget its cores go to the decode workers (the thread planner), which compute prompts
+  // themselves until the load asks for a prefill worker again (kAdd). Off: the last one stays.
+  bool remove_last_prefill = false;
   double ttft_scale_s = 2.0;  // stands in for a missing TTFT SLO
   double tbt_scale_s = 0.1;   // stands in for a missing TBT SLO
   // A pool whose SLO turned away at least this share of the arrivals is loaded above `high`
@@ -86,7 +90,8 @@ struct PlannerDecision {
   //            with the higher load);
   //   kRemove  prefill worker `scale_worker` could go: both pools below low, it has held
   //            its role for the dwell time and holds no queued prefill, and the prefill pool
-  //            keeps its minimum (and at least one worker) and stays below high without it.
+  //            keeps its minimum (and at least one worker unless remove_last_prefill) and
+  //            stays below high without it (the decode pool computing its prompts if none).
   //            The decode pool stays resident (it holds the streams; roles move it).
   enum class Scale { kNone, kAdd, kRemove };
   Scale scale = Scale::kNone;

@@ -213,6 +213,18 @@ TEST(PlannerTest, IdlePoolsOfferAnIdlePrefillWorker) {
   fresh.since_switch_s = 1;
   d = PlanPools(Cluster({Prefill("p0", 0.1, 0.1), fresh, Decode("d0", 2, 0.02, 0.2)}), {});
   EXPECT_EQ(d.scale, Scale::kNone);
+  // With remove_last_prefill (one host, a core budget), the last idle prefill worker may go:
+  // the decode worker then computes prompts on its cores too.
+  const PlannerInput quiet = Cluster({Prefill("p0", 0, 0.0), Decode("d0", 2, 0.02, 0.2)});
+  EXPECT_EQ(PlanPools(quiet, {}).scale, Scale::kNone);
+  d = PlanPools(quiet, {.remove_last_prefill = true});
+  EXPECT_EQ(d.scale, Scale::kRemove);
+  EXPECT_EQ(d.scale_worker, 0);
+  // ... not while it is busy, nor when its load would put the decode pool above high.
+  EXPECT_EQ(PlanPools(Cluster({Prefill("p0", 0.5, 0.3), Decode("d0", 2, 0.02, 0.2)}),
+                      {.remove_last_prefill = true})
+                .scale,
+            Scale::kNone);
 }
 
 }  // namespace
