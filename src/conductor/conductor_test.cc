@@ -67,9 +67,12 @@ class FakeWorker {
  public:
   // layer_windows: per layer, its sliding window in tokens (0: global); empty: none slides.
   FakeWorker(std::shared_ptr<transfer::MetadataStore> md, HandoffBoard* board, std::string name,
-             Role role, std::vector<int> layer_windows = {})
+             Role role, std::vector<int> layer_windows = {}, int threads = 0, int max_threads = 0)
       : md_(std::move(md)), board_(board) {
     info_.layer_windows = std::move(layer_windows);
+    info_.threads = threads;
+    info_.max_threads = max_threads;
+    this->threads = threads;
     info_.name = std::move(name);
     info_.role = role;
     info_.host = "127.0.0.1";
@@ -83,6 +86,7 @@ class FakeWorker {
     server_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
       cluster::WorkerStats s;
       s.backend.kv_blocks_total = info_.kv_blocks;
+      s.backend.engine_threads = this->threads.load();
       std::lock_guard<std::mutex> lock(mu_);
       s.cached_block_keys = cached_keys_;
       s.pool_enabled = !pool_namespace_.empty();
@@ -103,6 +107,24 @@ class FakeWorker {
       board_->Done(call->id);
       cluster::PrefillResult r;
       r.first_token.token = kFirstToken;
+      res.set_content(r.ToJson(), "application/json");
+    });
+    // As a worker does: the engine's count changes, then the published info follows.
+    server_.Post("/v1/threads", [this](const httplib::Request& req, httplib::Response& res) {
+      auto change = cluster::ThreadsChange::FromJson(req.body);
+      ASSERT_TRUE(change.ok());
+      std::lock_guard<std::mutex> lock(mu_);
+      if (change->threads > info_.max_threads) {
+        res.status = 400;
+        res.set_content(cluster::ErrorJson(InvalidArgument("above max threads")),
+                        "application/json");
+        return;
+      }
+      cluster::ThreadsChangeResult r;
+      r.previous = this->threads.exchange(change->threads);
+      r.threads = change->threads;
+      info_.threads = r.threads;
+      EXPECT_TRUE(md_->Put(std::string(cluster::kWorkersPrefix) + info_.name, info_.ToJson()).ok());
       res.set_content(r.ToJson(), "application/json");
     });
     server_.Post("/v1/cancel", [this](const httplib::Request&, httplib::Response& res) {
@@ -165,6 +187,10 @@ class FakeWorker {
     server_.stop();
     thread_.join();
   }
+  // Leaves the metadata service, as a stopped worker does.
+  void Unpublish() {
+    EXPECT_TRUE(md_->Delete(std::string(cluster::kWorkersPrefix) + info_.name).ok());
+  }
   void SetCachedKeys(std::vector<uint64_t> keys) {
     std::lock_guard<std::mutex> lock(mu_);
     cached_keys_ = std::move(keys);
@@ -178,6 +204,7 @@ class FakeWorker {
   std::atomic<bool> fail_prefill{false};
   std::atomic<int> kv_full_answers{0};
   std::atomic<int> token_delay_ms{1};
+  std::atomic<int> threads{0};  // engine threads (POST /v1/threads changes them)
 
  private:
   std::shared_ptr<transfer::MetadataStore> md_;
@@ -524,6 +551,54 @@ TEST_F(ConductorTest, ThePlannerAsksTheOrchestratorHookToRemoveAnIdleWorker) {
   for (std::string line; std::getline(in, line);) ++runs;
   EXPECT_LE(runs, 3);
   std::remove(out.c_str());
+}
+
+// Elastic pools on one host: a starting worker's core is taken back from a running one at once
+// and held until the newcomer joins (the planner does not hand it back meanwhile); a worker that
+// leaves frees its cores, which the thread planner gives to the workers still running.
+TEST_F(ConductorTest, TheThreadPlannerKeepsTheWorkersWithinTheCoreBudget) {
+  FakeWorker p0(md_, &board_, "prefill-0", Role::kPrefill, {}, 2, 4);
+  FakeWorker d0(md_, &board_, "decode-0", Role::kDecode, {}, 2, 4);
+  ConductorOptions o;
+  o.elastic = true;
+  o.planner_interval = 20ms;
+  o.core_budget = 4;
+  o.thread_planner.dwell_s = 0;
+  auto c = Start(o, 1, 1);
+  auto sum = [&] { return p0.threads.load() + d0.threads.load(); };
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(sum(), 4);  // the budget is full and the pools idle: nothing moves
+
+  EXPECT_EQ(c->ReserveCores(1, 10s), 1);
+  EXPECT_EQ(sum(), 3);  // one worker gave a thread back before the call returned
+  EXPECT_EQ(Metric(c->Stats(), "tandem_planner_cores_reserved"), 1);
+  EXPECT_GE(Metric(c->Stats(), "tandem_thread_changes_total", {"reason", "over_budget"}), 1);
+  std::this_thread::sleep_for(300ms);  // ~15 plans
+  EXPECT_EQ(sum(), 3);                 // the reserved core stays free
+  // Four more asked: the workers go down to one thread each, which frees one (held briefly).
+  EXPECT_EQ(c->ReserveCores(4, 200ms), 1);
+  EXPECT_EQ(sum(), 2);
+  std::this_thread::sleep_for(300ms);  // that hold lapses; the first is held still
+  EXPECT_EQ(sum(), 3);                 // the planner gave the lapsed core back
+
+  {
+    FakeWorker p1(md_, &board_, "prefill-1", Role::kPrefill, {}, 1, 4);
+    ASSERT_TRUE(c->WaitForWorkers(2, 1, Clock::now() + 10s).ok());
+    // It joined: the reservation is met; the core left over goes back to a running worker.
+    for (auto until = Clock::now() + 5s; Clock::now() < until && sum() != 3;) {
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_EQ(sum() + p1.threads.load(), 4);
+    EXPECT_EQ(Metric(c->Stats(), "tandem_planner_cores_reserved"), 0);
+    p1.Unpublish();
+  }
+  // It left: its core goes to the workers still running.
+  for (auto until = Clock::now() + 5s; Clock::now() < until && sum() != 4;) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(sum(), 4);
+  EXPECT_GE(Metric(c->Stats(), "tandem_thread_changes_total", {"reason", "spare_cores"}), 1);
+  EXPECT_EQ(Metric(c->Stats(), "tandem_planner_core_budget"), 4);
 }
 
 }  // namespace
