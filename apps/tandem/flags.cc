@@ -29,6 +29,11 @@ void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& p) {
                   "cores back at once)")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  cmd->add_flag("--planner-remove-last-prefill", p.remove_last_prefill,
+                "Elastic pools on one host (serve): the last prefill worker may be stopped too "
+                "when both pools are idle; its cores go to the decode workers, which compute "
+                "prompts themselves until the load asks for a prefill worker again (costs TBT "
+                "at the next burst of prompts)");
   cmd->add_option("--planner-high", p.high,
                   "A pool whose load (share of what meets the SLOs) is above this asks for a "
                   "worker")

@@ -37,7 +37,8 @@ struct PlannerKnobs {
   bool elastic = false;  // run it at all
   double interval_s = 1.0;
   double dwell_s = 10.0;
-  double thread_dwell_s = 5.0;  // a resized worker keeps its thread count at least this long
+  double thread_dwell_s = 5.0;       // a resized worker keeps its thread count at least this long
+  bool remove_last_prefill = false;  // serve: the last idle prefill worker may be stopped
   double high = 0.7;
   double low = 0.35;
   std::string hook;  // orchestrator command (conductor/conductor.h planner_hook)

@@ -580,12 +580,11 @@ int RunServe(const ServeFlags& flags) {
   const int core_budget = f.cores > 0 ? f.cores : DefaultThreads();
   if (f.planner.elastic && f.spawn_workers) {
     co.core_budget = core_budget;
-    // The last idle prefill worker may go too: its cores go to the decode workers, which
-    // compute prompts themselves until the load asks for a prefill worker again.
-    co.planner.remove_last_prefill = true;
-    co.thread_planner = {.high = f.planner.high,
-                         .low = f.planner.low,
-                         .dwell_s = f.planner.thread_dwell_s};
+    // Opt-in: the last idle prefill worker may go too; its cores go to the decode workers,
+    // which compute prompts themselves until the load asks for a prefill worker again.
+    co.planner.remove_last_prefill = f.planner.remove_last_prefill;
+    co.thread_planner = {
+        .high = f.planner.high, .low = f.planner.low, .dwell_s = f.planner.thread_dwell_s};
   }
   // Elastic pools on this host: the planner's requests to add or remove a worker, carried out
   // below within --cores once the supervisor exists (and forgotten before it goes).
@@ -707,8 +706,8 @@ int RunServe(const ServeFlags& flags) {
       // each), held until it joins (loading and calibrating take seconds).
       const int threads = conductor_ptr->ReserveCores(worker_threads, std::chrono::minutes(3));
       if (threads <= 0) {
-        log->info("elastic pools: the planner asks for a {} worker; no core left within {}",
-                  role, core_budget);
+        log->info("elastic pools: the planner asks for a {} worker; no core left within {}", role,
+                  core_budget);
         return;
       }
       const int index = (*next_index)[role]++;

@@ -118,8 +118,9 @@ int RunWorker(const WorkerFlags& f) {
       std::fprintf(stderr, "error: %s\n", config.status().ToString().c_str());
       return 1;
     }
-    const engine::MemoryPlanInputs in = PlanInputs(static_cast<int64_t>((*file)->file_size()),
-                                                   *config, f.knobs, std::max(f.threads, f.max_threads), 0, true);
+    const engine::MemoryPlanInputs in =
+        PlanInputs(static_cast<int64_t>((*file)->file_size()), *config, f.knobs,
+                   std::max(f.threads, f.max_threads), 0, true);
     const StatusOr<int64_t> fits = KvTokensInBudget(f.knobs.memory_budget_mb, *config, in);
     if (!fits.ok()) {
       std::fprintf(stderr, "error: %s\n", fits.status().message().c_str());

@@ -512,13 +512,13 @@ std::string ThreadsChangeResult::ToJson() const {
 }
 
 StatusOr<ThreadsChangeResult> ThreadsChangeResult::FromJson(const std::string& text) {
-  return Parse<ThreadsChangeResult>(
-      text, "threads change result", [](const json& j) -> StatusOr<ThreadsChangeResult> {
-        ThreadsChangeResult r;
-        r.threads = j.at("threads").get<int>();
-        r.previous = j.value("previous", 0);
-        return r;
-      });
+  return Parse<ThreadsChangeResult>(text, "threads change result",
+                                    [](const json& j) -> StatusOr<ThreadsChangeResult> {
+                                      ThreadsChangeResult r;
+                                      r.threads = j.at("threads").get<int>();
+                                      r.previous = j.value("previous", 0);
+                                      return r;
+                                    });
 }
 
 std::string PrefillResult::ToJson() const {

@@ -263,12 +263,12 @@ class WorkerImpl final : public Worker {
     const int start_threads = engine_->threads();
     CalibrationOptions cal;
     cal.max_batch_tokens = o.scheduler.max_batch_tokens;
+    // A profile file given by path was measured at one count: the starting one.
+    const bool named_file =
+        o.cost_profile != "auto" && o.cost_profile != "calibrate" && o.cost_profile != "none";
+    const bool one_model = o.mock_cost || o.cost_profile == "none" || named_file;
     for (int t = 1; t <= engine_->max_threads(); ++t) {
-      if (t != start_threads && (o.mock_cost || o.cost_profile == "none")) continue;
-      // A profile file given by path was measured at one count: the starting one.
-      const bool named_file = o.cost_profile != "auto" && o.cost_profile != "calibrate" &&
-                              o.cost_profile != "none";
-      if (t != start_threads && named_file) continue;
+      if (t != start_threads && one_model) continue;
       TANDEM_RETURN_IF_ERROR(engine_->SetThreads(t));
       auto cost = o.mock_cost ? StatusOr<conductor::CostModel>(*o.mock_cost)
                               : LoadOrCalibrate(*engine_, o.cost_profile, cal);
@@ -461,15 +461,15 @@ class WorkerImpl final : public Worker {
       // The engine first: from its next step it computes on the new count.
       if (Status st = backend_->SetEngineThreads(r.threads); !st.ok()) return ReplyError(res, st);
       threads_ = r.threads;
-      if (Status st = metadata_->Put(std::string(kWorkersPrefix) + options_.name,
-                                     PublishedLocked().ToJson());
-          !st.ok()) {
-        // The engine runs at the new count; the conductor's predictions catch up at the next
-        // change or the retry of this one.
-        return ReplyError(res, Unavailable("cannot publish the new thread count: " + st.message()));
-      }
       log_->info("threads {} -> {} ({})", r.previous, r.threads,
                  change->reason.empty() ? "asked" : change->reason);
+    }
+    // Published even when unchanged, so that a retry after a failed publication catches up.
+    if (Status st =
+            metadata_->Put(std::string(kWorkersPrefix) + options_.name, PublishedLocked().ToJson());
+        !st.ok()) {
+      return ReplyError(res, Unavailable("the engine computes on " + std::to_string(r.threads) +
+                                         " threads, but cannot publish it: " + st.message()));
     }
     res.set_content(r.ToJson(), "application/json");
   }
@@ -836,7 +836,7 @@ class WorkerImpl final : public Worker {
   std::atomic<Role> role_{Role::kMixed};
   Mutex role_mu_;  // serialises role and thread changes and their publication
   int threads_ TANDEM_GUARDED_BY(role_mu_) = 0;  // the engine's thread count, as published
-  std::map<int, conductor::CostModel> costs_;      // by thread count; fixed after Init
+  std::map<int, conductor::CostModel> costs_;    // by thread count; fixed after Init
   std::atomic<int> prefills_in_flight_{0};
   std::atomic<int> decodes_in_flight_{0};  // decode streams being answered
 

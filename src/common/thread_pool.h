@@ -65,7 +65,9 @@ class ThreadPool {
   static uint64_t JobWord(uint64_t generation, int threads) {
     return generation << kThreadBits | static_cast<uint64_t>(threads);
   }
-  static int JobThreads(uint64_t word) { return static_cast<int>(word & ((1u << kThreadBits) - 1)); }
+  static int JobThreads(uint64_t word) {
+    return static_cast<int>(word & ((1u << kThreadBits) - 1));
+  }
 
   const int max_threads_;
   std::atomic<int> active_;  // written by the caller's thread between jobs

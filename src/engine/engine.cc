@@ -16,7 +16,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   if (options.threads < 1 || options.threads > 256) {
     return InvalidArgument("threads must be in [1, 256], got " + std::to_string(options.threads));
   }
-  if (options.max_threads != 0 && (options.max_threads < options.threads || options.max_threads > 256)) {
+  if (options.max_threads != 0 &&
+      (options.max_threads < options.threads || options.max_threads > 256)) {
     return InvalidArgument("max threads must be in [threads, 256], got " +
                            std::to_string(options.max_threads));
   }
@@ -55,8 +56,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
   } else {
     TANDEM_ASSIGN_OR_RETURN(e->kv_, PagedKvCache::Create(shape));
   }
-  e->pool_ = std::make_unique<ThreadPool>(options.threads,
-                                          std::max(options.threads, options.max_threads));
+  e->pool_ =
+      std::make_unique<ThreadPool>(options.threads, std::max(options.threads, options.max_threads));
   e->transformer_ = std::make_unique<Transformer>(e->config_, e->weights_, e->pool_.get());
   if (options.mock_step_seconds) {
     e->transformer_->SetMock(

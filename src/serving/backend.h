@@ -155,8 +155,8 @@ struct BackendStats {
   double busy_core_seconds_decode = 0;
   int64_t computed_tokens_prefill = 0;
   int64_t computed_tokens_decode = 0;
-  int engine_threads = 0;      // now
-  int engine_max_threads = 0;  // what it may be resized to
+  int engine_threads = 0;       // now
+  int engine_max_threads = 0;   // what it may be resized to
   double sampling_seconds = 0;  // cumulative, drawing tokens from logits (after the forward)
   // The engine process's memory (0 / empty where the backend is not one engine): its plan
   // (engine/memory_plan.h) part by part, the budget it was sized to (0: none given), and its

@@ -240,9 +240,8 @@ TEST(LocalBackendTest, EngineThreadsChangeWhileGenerating) {
   const BackendStats after = backend->Stats();
   const double busy = (after.busy_seconds_prefill + after.busy_seconds_decode) -
                       (before.busy_seconds_prefill + before.busy_seconds_decode);
-  const double core_busy =
-      (after.busy_core_seconds_prefill + after.busy_core_seconds_decode) -
-      (before.busy_core_seconds_prefill + before.busy_core_seconds_decode);
+  const double core_busy = (after.busy_core_seconds_prefill + after.busy_core_seconds_decode) -
+                           (before.busy_core_seconds_prefill + before.busy_core_seconds_decode);
   // Each step ran on 1 to 3 threads (the microsecond counts round each step down).
   EXPECT_GE(core_busy, busy * 1 - 1e-3);
   EXPECT_LE(core_busy, busy * 3 + 1e-3);

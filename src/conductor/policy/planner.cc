@@ -40,8 +40,8 @@ namespace {
 // A prefill worker that could leave the cluster (PlannerDecision::kRemove), or -1. Only the
 // prefill pool shrinks: the decode pool stays resident (Mooncake's design; its workers hold
 // the streams).
-int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefill,
-                    int n_decode, double prefill_load) {
+int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefill, int n_decode,
+                    double prefill_load) {
   const int keep = o.remove_last_prefill ? o.min_prefill : std::max(1, o.min_prefill);
   if (n_prefill <= keep) return -1;  // the last prefill worker stays, unless allowed to go
   // Its prompts go to the other prefill workers, or to the decode workers if it was the last.
@@ -121,9 +121,12 @@ PlannerDecision PlanPools(const PlannerInput& in, const PlannerOptions& o) {
     const std::string r = reason;
     if ((r == "both_loaded" || r == "min_pool") && (wants_prefill || wants_decode)) {
       d.scale = PlannerDecision::Scale::kAdd;
-      d.scale_role = wants_prefill && (!wants_decode || d.prefill_load >= d.decode_load)
-                         ? WorkerRole::kPrefill
-                         : WorkerRole::kDecode;
+      // With no prefill worker the decode workers compute the prompts, which loads them
+      // too: a prefill worker relieves both pools.
+      d.scale_role =
+          wants_prefill && (n_prefill == 0 || !wants_decode || d.prefill_load >= d.decode_load)
+              ? WorkerRole::kPrefill
+              : WorkerRole::kDecode;
     } else if (r == "balanced" && d.prefill_load < o.low && d.decode_load < o.low) {
       d.scale_worker = RemoveCandidate(in, o, n_prefill, n_decode, d.prefill_load);
       if (d.scale_worker >= 0) d.scale = PlannerDecision::Scale::kRemove;

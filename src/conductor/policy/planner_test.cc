@@ -220,6 +220,13 @@ TEST(PlannerTest, IdlePoolsOfferAnIdlePrefillWorker) {
   d = PlanPools(quiet, {.remove_last_prefill = true});
   EXPECT_EQ(d.scale, Scale::kRemove);
   EXPECT_EQ(d.scale_worker, 0);
+  // With no prefill worker left, a loaded prefill pool asks for a prefill worker even when the
+  // decode pool is more loaded (the decode workers compute the prompts: it relieves both).
+  PlannerWorker busy_decode = Decode("d0", 8, 0.2, 0.5);
+  busy_decode.prefill_queue_s = 3;  // local prefills queued there
+  d = PlanPools(Cluster({busy_decode}), {.remove_last_prefill = true});
+  EXPECT_EQ(d.scale, Scale::kAdd);
+  EXPECT_EQ(d.scale_role, WorkerRole::kPrefill);
   // ... not while it is busy, nor when its load would put the decode pool above high.
   EXPECT_EQ(PlanPools(Cluster({Prefill("p0", 0.5, 0.3), Decode("d0", 2, 0.02, 0.2)}),
                       {.remove_last_prefill = true})

@@ -33,9 +33,7 @@ ThreadPlan PlanThreads(const ThreadPlanInput& in, const ThreadPlanOptions& optio
   for (const ThreadPlanWorker& w : in.workers) plan.threads.push_back(w.threads);
   plan.reason = "balanced";
   if (in.cores <= 0) return plan;
-  auto load_of = [&](int i) {
-    return IsPrefill(in.workers[i]) ? in.prefill_load : in.decode_load;
-  };
+  auto load_of = [&](int i) { return IsPrefill(in.workers[i]) ? in.prefill_load : in.decode_load; };
   auto settled = [&](int i) { return in.workers[i].since_resize_s >= options.dwell_s; };
   int used = 0;
   for (int t : plan.threads) used += std::max(0, t);
@@ -108,14 +106,15 @@ ThreadPlan PlanThreads(const ThreadPlanInput& in, const ThreadPlanOptions& optio
                          in.workers[i].threads, plan.threads[i]);
   }
   if (plan.changes == 0 && plan.reason != "balanced") {
-    plan.detail = fmt::format("{}, but no worker can change (at its limits or within dwell)",
-                              plan.reason);
+    plan.detail =
+        fmt::format("{}, but no worker can change (at its limits or within dwell)", plan.reason);
     plan.reason = "balanced";
   }
-  plan.detail = fmt::format("{} of {} cores in use ({} reserved), prefill load {:.2f}, decode load "
-                            "{:.2f}{}{}",
-                            used_before, in.cores, in.reserved, in.prefill_load, in.decode_load,
-                            moves.empty() ? "" : ": ", moves.empty() ? plan.detail : moves);
+  plan.detail = fmt::format(
+      "{} of {} cores in use ({} reserved), prefill load {:.2f}, decode load "
+      "{:.2f}{}{}",
+      used_before, in.cores, in.reserved, in.prefill_load, in.decode_load,
+      moves.empty() ? "" : ": ", moves.empty() ? plan.detail : moves);
   return plan;
 }
 

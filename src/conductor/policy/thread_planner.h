@@ -33,8 +33,8 @@ struct ThreadPlanWorker {
   std::string name;
   WorkerRole role = WorkerRole::kMixed;
   bool healthy = false;
-  int threads = 0;             // now (0: unknown; not resized)
-  int max_threads = 0;         // what it may be resized to (0: unknown; not resized)
+  int threads = 0;              // now (0: unknown; not resized)
+  int max_threads = 0;          // what it may be resized to (0: unknown; not resized)
   double since_resize_s = 1e9;  // since its thread count last changed (or it joined)
 };
 

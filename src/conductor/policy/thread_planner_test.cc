@@ -142,9 +142,9 @@ TEST(ThreadPlannerTest, PlansStayWithinBudgetAndLimits) {
     in.reserved = next(3);
     const int n = 1 + next(5);
     for (int i = 0; i < n; ++i) {
-      ThreadPlanWorker w = Worker("w" + std::to_string(i),
-                                  next(2) ? WorkerRole::kPrefill : WorkerRole::kDecode,
-                                  1 + next(4), 0);
+      ThreadPlanWorker w =
+          Worker("w" + std::to_string(i), next(2) ? WorkerRole::kPrefill : WorkerRole::kDecode,
+                 1 + next(4), 0);
       w.max_threads = w.threads + next(4);
       w.healthy = next(8) != 0;
       w.since_resize_s = next(10);
