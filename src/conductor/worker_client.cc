@@ -88,32 +88,33 @@ StatusOr<cluster::PrefillResult> WorkerClient::Prefill(const cluster::PrefillCal
   return cluster::PrefillResult::FromJson(res->body);
 }
 
-StatusOr<cluster::RoleChangeResult> WorkerClient::ChangeRole(const cluster::RoleChange& change,
-                                                             Clock::time_point deadline) {
+StatusOr<std::string> WorkerClient::PostControl(const char* path, const std::string& body,
+                                                Clock::time_point deadline) {
   auto c = Take(deadline);
   Status auth;
-  auto res = CallWorker(*c, "POST", "/v1/role", change.ToJson(), Peer(), &auth);
-  if (!res) return Unavailable("no answer to /v1/role: " + httplib::to_string(res.error()));
+  auto res = CallWorker(*c, "POST", path, body, Peer(), &auth);
+  if (!res) {
+    return Unavailable(std::string("no answer to ") + path + ": " +
+                       httplib::to_string(res.error()));
+  }
   TANDEM_RETURN_IF_ERROR(auth);
   Give(std::move(c));
   if (res->status != 200) {
     return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
   }
-  return cluster::RoleChangeResult::FromJson(res->body);
+  return std::move(res->body);
+}
+
+StatusOr<cluster::RoleChangeResult> WorkerClient::ChangeRole(const cluster::RoleChange& change,
+                                                             Clock::time_point deadline) {
+  TANDEM_ASSIGN_OR_RETURN(std::string body, PostControl("/v1/role", change.ToJson(), deadline));
+  return cluster::RoleChangeResult::FromJson(body);
 }
 
 StatusOr<cluster::ThreadsChangeResult> WorkerClient::ChangeThreads(
     const cluster::ThreadsChange& change, Clock::time_point deadline) {
-  auto c = Take(deadline);
-  Status auth;
-  auto res = CallWorker(*c, "POST", "/v1/threads", change.ToJson(), Peer(), &auth);
-  if (!res) return Unavailable("no answer to /v1/threads: " + httplib::to_string(res.error()));
-  TANDEM_RETURN_IF_ERROR(auth);
-  Give(std::move(c));
-  if (res->status != 200) {
-    return cluster::StatusFromErrorJson(res->body, "answered " + std::to_string(res->status));
-  }
-  return cluster::ThreadsChangeResult::FromJson(res->body);
+  TANDEM_ASSIGN_OR_RETURN(std::string body, PostControl("/v1/threads", change.ToJson(), deadline));
+  return cluster::ThreadsChangeResult::FromJson(body);
 }
 
 void WorkerClient::Cancel(const std::string& id, Clock::time_point deadline) {

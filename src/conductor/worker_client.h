@@ -68,6 +68,10 @@ class WorkerClient {
  private:
   // "worker host:port", for errors.
   std::string Peer() const;
+  // POSTs a control call whose answer is one JSON body: the body on 200; Unavailable when the
+  // worker does not answer; its error otherwise.
+  StatusOr<std::string> PostControl(const char* path, const std::string& body,
+                                    Clock::time_point deadline);
   std::unique_ptr<httplib::Client> Take(Clock::time_point deadline) TANDEM_EXCLUDES(mu_);
   void Give(std::unique_ptr<httplib::Client> c) TANDEM_EXCLUDES(mu_);
   std::unique_ptr<httplib::Client> NewClient(Clock::time_point deadline, bool keep_alive) const;
