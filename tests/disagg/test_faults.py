@@ -17,6 +17,13 @@ def long_prompt(n_sentences=60, tag=""):
                     for k in range(n_sentences))
 
 
+def worker_name(pid):
+    """The --name of a worker process."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().decode().split("\0")
+    return args[args.index("--name") + 1]
+
+
 def completion(prompt, max_tokens, **extra):
     return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, **extra}
@@ -42,7 +49,12 @@ class DecodeWorkerKilled(unittest.TestCase):
             # sees one uninterrupted stream, with the text of the fault-free run.
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
                 futures = [pool.submit(stream, server, "/v1/completions", b, 180) for b in bodies]
-                time.sleep(2.0)  # streams are running
+                # Killed once it decodes streams (a fixed wait lost the race on a loaded machine:
+                # the prefills were still running, so nothing had to move).
+                victim = worker_name(decode_pids[0])
+                wait_for(lambda: metric(server.metrics(), "tandem_worker_running_sequences",
+                                        worker=victim, role="decode") >= 1, 60,
+                         f"{victim} to decode streams")
                 os.kill(decode_pids[0], signal.SIGKILL)
                 results = [f.result(timeout=180) for f in futures]
             for i, (text, finish, usage, error) in enumerate(results):
