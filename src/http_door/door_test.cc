@@ -203,7 +203,13 @@ TEST_F(DoorTest, DeadlinesCloseIdleAndSlowConnections) {
     closed = slow.ClosedWithin(100ms);
   }
   EXPECT_TRUE(closed);
-  const DoorStats s = door_->Stats();
+  // The timer closes the socket before the read's handler counts the timeout (on the door's
+  // thread): the count follows the close shortly, so wait for it.
+  DoorStats s = door_->Stats();
+  for (auto until = std::chrono::steady_clock::now() + 2s;
+       s.request_timeouts == 0 && std::chrono::steady_clock::now() < until; s = door_->Stats()) {
+    std::this_thread::sleep_for(10ms);
+  }
   EXPECT_EQ(s.idle_timeouts, 1);
   EXPECT_EQ(s.request_timeouts, 1) << "idle " << s.idle_timeouts << " bad " << s.bad_requests
                                    << " accepted " << s.connections_accepted;
