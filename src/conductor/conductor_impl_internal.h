@@ -179,9 +179,9 @@ class ConductorImpl final : public Conductor {
   void PlanCores(double prefill_load, double decode_load) TANDEM_EXCLUDES(mu_);
   // The thread planner's input from the view (loads left 0), reserved cores included.
   ThreadPlanInput CoresInputLocked(std::vector<std::string>* names) TANDEM_REQUIRES(mu_);
-  // Carries out `plan` (its changes to `names`), shrinks first; returns the changes made.
-  int ApplyThreadPlan(const ThreadPlan& plan, const ThreadPlanInput& in,
-                      const std::vector<std::string>& names, bool shrinks_only)
+  // Carries out `plan` (its changes to `names`), shrinks first.
+  void ApplyThreadPlan(const ThreadPlan& plan, const ThreadPlanInput& in,
+                       const std::vector<std::string>& names, bool shrinks_only)
       TANDEM_EXCLUDES(mu_);
 
   // Runs --planner-hook for a scale request (at most once per dwell time), without waiting:

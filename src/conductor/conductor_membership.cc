@@ -107,19 +107,17 @@ ThreadPlanInput ConductorImpl::CoresInputLocked(std::vector<std::string>* names)
   return in;
 }
 
-int ConductorImpl::ApplyThreadPlan(const ThreadPlan& plan, const ThreadPlanInput& in,
-                                   const std::vector<std::string>& names, bool shrinks_only) {
-  int changed = 0;
+void ConductorImpl::ApplyThreadPlan(const ThreadPlan& plan, const ThreadPlanInput& in,
+                                    const std::vector<std::string>& names, bool shrinks_only) {
   for (const bool shrinking : {true, false}) {
     if (!shrinking && shrinks_only) break;
     for (size_t i = 0; i < in.workers.size(); ++i) {
       const int from = in.workers[i].threads, to = plan.threads[i];
       if (to == from || (to < from) != shrinking) continue;
       // A failure is logged by ChangeThreads; the next plan sees the count the worker has.
-      if (ChangeThreads(names[i], to, plan.reason).ok()) ++changed;
+      (void)ChangeThreads(names[i], to, plan.reason);
     }
   }
-  return changed;
 }
 
 void ConductorImpl::PlanCores(double prefill_load, double decode_load) {
@@ -151,11 +149,9 @@ int ConductorImpl::ReserveCores(int wanted, Clock::duration hold) {
     MutexLock lock(&mu_);
     in = CoresInputLocked(&names);
   }
-  int used = 0;
-  for (const ThreadPlanWorker& w : in.workers) used += w.threads;
-  if (in.cores - in.reserved - used < wanted) {
-    // Shrink as if the newcomer's cores were already held (loads as last measured: the busier
-    // pool keeps its threads longest).
+  if (in.cores - in.reserved - ThreadsInUse(in) < wanted) {
+    // Shrink as if the newcomer's cores were already held (no loads here: the largest workers
+    // give first).
     ThreadPlanInput asked = in;
     asked.reserved += wanted;
     const ThreadPlan plan = PlanThreads(asked, options_.thread_planner);
@@ -167,9 +163,7 @@ int ConductorImpl::ReserveCores(int wanted, Clock::duration hold) {
   MutexLock lock(&mu_);
   names.clear();
   in = CoresInputLocked(&names);
-  used = 0;
-  for (const ThreadPlanWorker& w : in.workers) used += w.threads;
-  const int granted = std::clamp(in.cores - in.reserved - used, 0, wanted);
+  const int granted = std::clamp(in.cores - in.reserved - ThreadsInUse(in), 0, wanted);
   if (granted > 0) {
     const auto now = Clock::now();
     reservations_.push_back({granted, now, now + hold});

@@ -27,6 +27,12 @@ int Pick(size_t n, Eligible eligible, Before before) {
 
 }  // namespace
 
+int ThreadsInUse(const ThreadPlanInput& in) {
+  int used = 0;
+  for (const ThreadPlanWorker& w : in.workers) used += std::max(0, w.threads);
+  return used;
+}
+
 ThreadPlan PlanThreads(const ThreadPlanInput& in, const ThreadPlanOptions& options) {
   ThreadPlan plan;
   const size_t n = in.workers.size();
@@ -35,8 +41,7 @@ ThreadPlan PlanThreads(const ThreadPlanInput& in, const ThreadPlanOptions& optio
   if (in.cores <= 0) return plan;
   auto load_of = [&](int i) { return IsPrefill(in.workers[i]) ? in.prefill_load : in.decode_load; };
   auto settled = [&](int i) { return in.workers[i].since_resize_s >= options.dwell_s; };
-  int used = 0;
-  for (int t : plan.threads) used += std::max(0, t);
+  int used = ThreadsInUse(in);
   const int used_before = used;
   const int budget = std::max(0, in.cores - in.reserved);
 
@@ -105,16 +110,15 @@ ThreadPlan PlanThreads(const ThreadPlanInput& in, const ThreadPlanOptions& optio
     moves += fmt::format("{}{} {}->{}", moves.empty() ? "" : ", ", in.workers[i].name,
                          in.workers[i].threads, plan.threads[i]);
   }
+  std::string outcome = moves;
   if (plan.changes == 0 && plan.reason != "balanced") {
-    plan.detail =
-        fmt::format("{}, but no worker can change (at its limits or within dwell)", plan.reason);
+    outcome = plan.reason + ", but no worker can change (at its limits or within dwell)";
     plan.reason = "balanced";
   }
   plan.detail = fmt::format(
-      "{} of {} cores in use ({} reserved), prefill load {:.2f}, decode load "
-      "{:.2f}{}{}",
+      "{} of {} cores in use ({} reserved), prefill load {:.2f}, decode load {:.2f}{}{}",
       used_before, in.cores, in.reserved, in.prefill_load, in.decode_load,
-      moves.empty() ? "" : ": ", moves.empty() ? plan.detail : moves);
+      outcome.empty() ? "" : ": ", outcome);
   return plan;
 }
 

@@ -60,4 +60,7 @@ struct ThreadPlan {
 
 ThreadPlan PlanThreads(const ThreadPlanInput& in, const ThreadPlanOptions& options);
 
+// The threads the input's workers compute on now, in all.
+int ThreadsInUse(const ThreadPlanInput& in);
+
 }  // namespace tandem::conductor
