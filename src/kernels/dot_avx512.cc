@@ -207,15 +207,27 @@ struct TileGroups {
   }
 };
 
+// How far ahead of the rows being read Direct prefetches (bytes, rounded to whole rows).
+constexpr int64_t kDirectPrefetchBytes = 8 << 10;
+
 // Weight groups built in registers from 4 GGUF rows as they are used (Reader), their additive
-// terms collected in mw (4 x nmin16 floats, zero past the groups).
+// terms collected in mw (4 x nmin16 floats, zero past the groups). Each group read also
+// prefetches into L2 the bytes at the same place prefetch_offset further on (group_bytes per
+// group), so that the requests for the rows ahead go out evenly over the computation: a burst
+// of a whole tile's lines at once fills the core's miss buffers and stalls on them.
 template <typename Reader>
 struct RowGroups {
   const Reader& reader;
   const uint8_t* const* rows;
   float* mw;
   int64_t nmin16;
-  GroupRegs Group(int r, int64_t g) const { return reader.Read(rows[r], g, mw + r * nmin16); }
+  int64_t prefetch_offset;
+  int64_t group_bytes;
+  GroupRegs Group(int r, int64_t g) const {
+    const char* ahead = reinterpret_cast<const char*>(rows[r] + prefetch_offset + g * group_bytes);
+    for (int64_t off = 0; off < group_bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T1);
+    return reader.Read(rows[r], g, mw + r * nmin16);
+  }
   const float* Mw(int r) const { return mw + r * nmin16; }
 };
 
@@ -309,12 +321,17 @@ void Direct(const WeightView& w, const uint8_t* act, int64_t astride, const QLay
   const auto* src = static_cast<const uint8_t*>(w.data);
   auto* mw = reinterpret_cast<float*>(ThreadScratch(1, 4 * L.nmin16 * sizeof(float)));
   std::memset(mw, 0, 4 * L.nmin16 * sizeof(float));
+  // Prefetches go past r1 near the end of the range (into rows another call reads): harmless,
+  // a prefetch never faults.
+  const int64_t prefetch_offset =
+      std::max<int64_t>(kTileRows, kDirectPrefetchBytes / row_bytes) * row_bytes;
+  const int64_t group_bytes = (row_bytes + L.groups - 1) / L.groups;
   for (int64_t rr = r0; rr < r1; rr += kTileRows) {
-    PrefetchRowsAhead<kTileRows>(src, row_bytes, rr, r1);
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - rr));
     const uint8_t* rows[4];
     for (int r = 0; r < 4; ++r) rows[r] = src + (rr + std::min(r, nr - 1)) * row_bytes;
-    QDot<C>(RowGroups<Reader>{reader, rows, mw, L.nmin16}, act, astride, L, y + rr, ldy, nr);
+    const RowGroups<Reader> groups{reader, rows, mw, L.nmin16, prefetch_offset, group_bytes};
+    QDot<C>(groups, act, astride, L, y + rr, ldy, nr);
   }
 }
 

@@ -23,8 +23,8 @@ inline bool IsFloatType(DType t) {
 }
 
 // Prefetches the source rows kPrefetchTiles tiles past tile rr (clipped to r1), ahead of the
-// hardware prefetcher: decode (few activation rows) streams the weights once and is otherwise
-// bound by how many cache misses one core keeps in flight.
+// hardware prefetcher, which stops at page boundaries. (The AVX-512 path's decode kernel, which
+// streams the weights once, spreads its prefetches over the computation instead: dot_avx512.cc.)
 template <int kTileRows>
 inline void PrefetchRowsAhead(const uint8_t* src, int64_t src_row_bytes, int64_t rr, int64_t r1) {
   const int64_t ahead = rr + kPrefetchTiles * kTileRows;
