@@ -34,6 +34,11 @@ void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& p) {
                 "when both pools are idle; its cores go to the decode workers, which compute "
                 "prompts themselves until the load asks for a prefill worker again (costs TBT "
                 "at the next burst of prompts)");
+  cmd->add_option("--planner-remove-idle-s", p.remove_idle_s,
+                  "A prefill worker is offered for removal (stopped by serve, or the hook's "
+                  "remove) only once its engine has computed nothing for this long")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--planner-high", p.high,
                   "A pool whose load (share of what meets the SLOs) is above this asks for a "
                   "worker")

@@ -39,11 +39,13 @@ struct PlannerKnobs {
   double dwell_s = 10.0;
   double thread_dwell_s = 5.0;       // a resized worker keeps its thread count at least this long
   bool remove_last_prefill = false;  // serve: the last idle prefill worker may be stopped
+  double remove_idle_s = 30.0;       // a prefill worker is offered for removal after this idle
   double high = 0.7;
   double low = 0.35;
   std::string hook;  // orchestrator command (conductor/conductor.h planner_hook)
 };
-// --elastic, --planner-interval-s, --planner-dwell-s, --planner-thread-dwell-s, --planner-high,
+// --elastic, --planner-interval-s, --planner-dwell-s, --planner-thread-dwell-s,
+// --planner-remove-last-prefill, --planner-remove-idle-s, --planner-high,
 // --planner-low, --planner-hook.
 void AddPlannerFlags(CLI::App* cmd, PlannerKnobs& planner);
 

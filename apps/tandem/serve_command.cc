@@ -573,6 +573,7 @@ int RunServe(const ServeFlags& flags) {
   co.elastic = f.planner.elastic;
   co.planner_interval = std::chrono::milliseconds(static_cast<int64_t>(f.planner.interval_s * 1e3));
   co.planner.dwell_s = f.planner.dwell_s;
+  co.planner.remove_idle_s = f.planner.remove_idle_s;
   co.planner.high = f.planner.high;
   co.planner.low = f.planner.low;
   co.planner_hook = f.planner.hook;

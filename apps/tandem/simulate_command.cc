@@ -235,6 +235,7 @@ int RunSimulate(const SimulateFlags& flags) {
   o.elastic = f.planner.elastic;
   o.planner_interval_s = f.planner.interval_s;
   o.planner.dwell_s = f.planner.dwell_s;
+  o.planner.remove_idle_s = f.planner.remove_idle_s;
   o.planner.high = f.planner.high;
   o.planner.low = f.planner.low;
   auto result = sim::Simulate(workload, o);

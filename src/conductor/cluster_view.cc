@@ -110,6 +110,7 @@ void ClusterView::SampleBusy(Worker* w, const serving::BackendStats& b, Clock::t
   const double dt = std::chrono::duration<double>(now - w->busy_sampled_at).count();
   // A first sample, or a restarted worker (its counters start again): no rate yet.
   if (w->busy_seconds >= 0 && busy >= w->busy_seconds && dt > 0) {
+    if (busy > w->busy_seconds) w->last_busy_at = now;
     const double share = std::clamp((busy - w->busy_seconds) / dt, 0.0, 1.0);
     const double weight = std::min(1.0, dt / kBusyAverageTime);
     w->busy_share += weight * (share - w->busy_share);

@@ -53,6 +53,8 @@ void ConductorImpl::PlanPools() {
       p.kv_used = b.kv_blocks_total > 0 ? double(b.kv_blocks_used) / b.kv_blocks_total : 0;
       p.seq_used = w.info.max_num_seqs > 0 ? double(w.decodes.size()) / w.info.max_num_seqs : 0;
       p.busy_share = w.busy_share;
+      const Clock::time_point active = std::max(settled, w.last_busy_at);
+      p.idle_s = active == Clock::time_point{} ? 1e9 : Seconds(now - active);
       in.workers.push_back(p);
       names.push_back(name);
     }

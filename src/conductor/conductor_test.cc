@@ -530,6 +530,7 @@ TEST_F(ConductorTest, ThePlannerAsksTheOrchestratorHookToRemoveAnIdleWorker) {
   o.elastic = true;
   o.planner_interval = 20ms;
   o.planner.dwell_s = 0.5;
+  o.planner.remove_idle_s = 0.5;  // the fake workers never compute: idle since they joined
   o.planner_hook =
       "echo \"$TANDEM_PLANNER_REQUEST $TANDEM_PLANNER_WORKER "
       "$TANDEM_PLANNER_DECODE_WORKERS\" >> '" +

@@ -148,6 +148,7 @@ struct Instance {
   std::optional<WorkerRole> switching_to;
   double role_since = -1e9;
   double busy_at_sample = 0, busy_share = 0;
+  double last_busy = -1e9;  // the last planner interval in which it computed
   InstanceRecord rec;
 };
 

@@ -71,6 +71,7 @@ void Simulation::OnPlan() {
     // Busy time is booked when a step starts: a share can exceed the interval's; clamp.
     const double share = std::clamp((inst->rec.busy_s - inst->busy_at_sample) / dt, 0.0, 1.0);
     inst->busy_at_sample = inst->rec.busy_s;
+    if (share > 0) inst->last_busy = now_;
     inst->busy_share +=
         std::min(1.0, dt / conductor::kBusyAverageTime) * (share - inst->busy_share);
     conductor::PlannerWorker w;
@@ -85,6 +86,7 @@ void Simulation::OnPlan() {
                      ? double(inst->view->decodes.size()) / inst->view->info.max_num_seqs
                      : 0;
     w.busy_share = inst->busy_share;
+    w.idle_s = now_ - std::max(inst->last_busy, inst->role_since);
     in.workers.push_back(w);
   }
   const conductor::PlannerDecision d = conductor::PlanPools(in, o_.planner);

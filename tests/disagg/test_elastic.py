@@ -176,7 +176,7 @@ class IdlePrefillWorkerIsStopped(unittest.TestCase):
         # and requests are still served.
         server = disaggregated("--elastic", "--prefill-workers", "2", "--threads-per-worker", "1",
                                "--cores", "3", "--planner-interval-s", "0.25",
-                               "--planner-dwell-s", "1")
+                               "--planner-dwell-s", "1", "--planner-remove-idle-s", "2")
         try:
             # Either prefill worker may go: the planner offers the first idle one that has been in
             # the cluster for the dwell time, and which joined first depends on start-up order.

@@ -50,7 +50,8 @@ int RemoveCandidate(const PlannerInput& in, const PlannerOptions& o, int n_prefi
   for (size_t i = 0; i < in.workers.size(); ++i) {
     const PlannerWorker& w = in.workers[i];
     if (w.role == WorkerRole::kPrefill && w.healthy && w.since_switch_s >= o.dwell_s &&
-        w.prefill_queue_s == 0 && w.decoding == 0 && w.seq_used == 0) {
+        w.idle_s >= o.remove_idle_s && w.prefill_queue_s == 0 && w.decoding == 0 &&
+        w.seq_used == 0) {
       return static_cast<int>(i);
     }
   }

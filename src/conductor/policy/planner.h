@@ -40,6 +40,7 @@ struct PlannerWorker {
   double seq_used = 0;          // sequences placed there (decoding or about to) / its
                                 // max_num_seqs: above 1, some wait for a place in the batch
   double busy_share = 0;        // share of recent wall time its engine computed, 0..1
+  double idle_s = 1e9;          // since its engine last computed (or it joined or changed role)
 };
 
 struct PlannerInput {
@@ -65,6 +66,10 @@ struct PlannerOptions {
   // core budget its cores go to the decode workers (the thread planner), which compute prompts
   // themselves until the load asks for a prefill worker again (kAdd). Off: the last one stays.
   bool remove_last_prefill = false;
+  // kRemove offers only a prefill worker whose engine has computed nothing for this long: a
+  // snapshot of both pools below `low` is common between the prompts of a bursty load, and a
+  // worker stopped there is started again at the next burst (which pays the start).
+  double remove_idle_s = 30;
   double ttft_scale_s = 2.0;  // stands in for a missing TTFT SLO
   double tbt_scale_s = 0.1;   // stands in for a missing TBT SLO
   // A pool whose SLO turned away at least this share of the arrivals is loaded above `high`
@@ -89,9 +94,10 @@ struct PlannerDecision {
   //            cannot spare one ("both_loaded", "min_pool"; with both above high, the pool
   //            with the higher load);
   //   kRemove  prefill worker `scale_worker` could go: both pools below low, it has held
-  //            its role for the dwell time and holds no queued prefill, and the prefill pool
-  //            keeps its minimum (and at least one worker unless remove_last_prefill) and
-  //            stays below high without it (the decode pool computing its prompts if none).
+  //            its role for the dwell time, holds no queued prefill and has been idle for
+  //            remove_idle_s, and the prefill pool keeps its minimum (and at least one worker
+  //            unless remove_last_prefill) and stays below high without it (the decode pool
+  //            computing its prompts if none).
   //            The decode pool stays resident (it holds the streams; roles move it).
   enum class Scale { kNone, kAdd, kRemove };
   Scale scale = Scale::kNone;

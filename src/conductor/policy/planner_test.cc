@@ -213,6 +213,17 @@ TEST(PlannerTest, IdlePoolsOfferAnIdlePrefillWorker) {
   fresh.since_switch_s = 1;
   d = PlanPools(Cluster({Prefill("p0", 0.1, 0.1), fresh, Decode("d0", 2, 0.02, 0.2)}), {});
   EXPECT_EQ(d.scale, Scale::kNone);
+  // So does one that computed a prompt within remove_idle_s, though its queue is empty and both
+  // pools are below low now (a pause between the bursts of a bursty load); it goes once it has
+  // been idle that long.
+  PlannerWorker paused = Prefill("p1", 0, 0.0);
+  paused.idle_s = 5;
+  const PlannerInput between_bursts =
+      Cluster({Prefill("p0", 0.1, 0.1), paused, Decode("d0", 2, 0.02, 0.2)});
+  EXPECT_EQ(PlanPools(between_bursts, {.remove_idle_s = 30}).scale, Scale::kNone);
+  d = PlanPools(between_bursts, {.remove_idle_s = 5});
+  EXPECT_EQ(d.scale, Scale::kRemove);
+  EXPECT_EQ(d.scale_worker, 1);
   // With remove_last_prefill (one host, a core budget), the last idle prefill worker may go:
   // the decode worker then computes prompts on its cores too.
   const PlannerInput quiet = Cluster({Prefill("p0", 0, 0.0), Decode("d0", 2, 0.02, 0.2)});
