@@ -99,7 +99,7 @@ class ClusterView {
     bool listed = true;  // in the metadata service's last listing (false: it left, e.g. stopped)
     Clock::time_point joined_at{};  // its current incarnation's first probe
     double busy_share = 0;
-    double busy_seconds = -1;  // at busy_sampled_at (-1: no sample yet)
+    double busy_seconds = -1;          // at busy_sampled_at (-1: no sample yet)
     Clock::time_point last_busy_at{};  // the last sample that saw busy_seconds grow
     Clock::time_point busy_sampled_at{};
   };
