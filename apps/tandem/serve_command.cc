@@ -692,8 +692,12 @@ int RunServe(const ServeFlags& flags) {
   {
     auto next_index = std::make_shared<std::map<std::string, int>>(
         std::map<std::string, int>{{"prefill", prefill_workers}, {"decode", decode_workers}});
+    // By role: whether "no core left" was logged since a worker of that role last started (the
+    // planner asks again every dwell time while the pool stays loaded: said once at info).
+    auto no_core_said = std::make_shared<std::map<std::string, bool>>();
     MutexLock lock(&scaler->mu);
-    scaler->act = [&, next_index](const std::string& request, const std::string& worker) {
+    scaler->act = [&, next_index, no_core_said](const std::string& request,
+                                                const std::string& worker) {
       auto log = GetLogger("serve");
       if (request == "remove") {
         if (supervisor.Retire(worker, After(f.knobs.drain_timeout_s)).ok()) {
@@ -707,10 +711,14 @@ int RunServe(const ServeFlags& flags) {
       // each), held until it joins (loading and calibrating take seconds).
       const int threads = conductor_ptr->ReserveCores(worker_threads, std::chrono::minutes(3));
       if (threads <= 0) {
-        log->info("elastic pools: the planner asks for a {} worker; no core left within {}", role,
-                  core_budget);
+        bool& said = (*no_core_said)[role];
+        log->log(said ? spdlog::level::debug : spdlog::level::info,
+                 "elastic pools: the planner asks for a {} worker; no core left within {}", role,
+                 core_budget);
+        said = true;
         return;
       }
+      (*no_core_said)[role] = false;
       const int index = (*next_index)[role]++;
       if (Status st = spawn(role, index, threads); !st.ok()) {
         log->warn("elastic pools: cannot start a {} worker: {}", role, st.ToString());

@@ -16,17 +16,16 @@ void WorkerImpl::HandleRole(const httplib::Request& req, httplib::Response& res)
   if (r.role != r.previous) {
     WorkerInfo published = PublishedLocked();
     published.role = r.role;
-    if (Status st =
-            metadata_->Put(std::string(kWorkersPrefix) + options_.name, published.ToJson());
+    if (Status st = metadata_->Put(std::string(kWorkersPrefix) + options_.name, published.ToJson());
         !st.ok()) {
       return ReplyError(res, Unavailable("cannot publish the new role: " + st.message()));
     }
     // New calls see the new role from here; calls already accepted finish as they would have.
     role_.store(r.role);
-    log_->info(
-        "role {} -> {} ({}); {} prefills and {} decode streams in flight finish as they are",
-        RoleName(r.previous), RoleName(r.role), change->reason.empty() ? "asked" : change->reason,
-        r.prefills_in_flight, r.decodes_in_flight);
+    log_->info("role {} -> {} ({}); {} prefills and {} decode streams in flight finish as they are",
+               RoleName(r.previous), RoleName(r.role),
+               change->reason.empty() ? "asked" : change->reason, r.prefills_in_flight,
+               r.decodes_in_flight);
   }
   res.set_content(r.ToJson(), "application/json");
 }

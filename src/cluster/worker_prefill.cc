@@ -130,7 +130,8 @@ void WorkerImpl::CountPushFailure(const KvPusher& pusher, const std::string& seg
   DropSegment(segment);
 }
 
-void WorkerImpl::HandleStage(const PrefillCall& call, KvPusher& pusher, Clock::time_point deadline, httplib::Response& res) {
+void WorkerImpl::HandleStage(const PrefillCall& call, KvPusher& pusher, Clock::time_point deadline,
+                             httplib::Response& res) {
   const PipelineStage& stage = call.stage;
   const int n_layers = engine_->config().n_layers;
   if (stage.end_layer > n_layers || stage.last() != (stage.end_layer == n_layers) ||
