@@ -16,4 +16,9 @@ struct ProcessMemory {
 // Zeros when /proc is not readable.
 ProcessMemory ReadProcessMemory();
 
+// Resets the peak (VmHWM) to the resident set now, so that a later peak_resident_bytes covers
+// only what came after (a benchmark that freed a large buffer before the part it reports).
+// False where the kernel does not allow it (/proc/self/clear_refs not writable).
+bool ResetPeakResident();
+
 }  // namespace tandem
