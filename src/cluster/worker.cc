@@ -213,22 +213,18 @@ void WorkerImpl::Routes() {
     }
     res.set_content(s.ToJson(), "application/json");
   });
-  http_.Post("/v1/prefill",
-             ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
-               HandlePrefill(req, res);
-             }));
-  http_.Post("/v1/decode",
-             ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
-               HandleDecode(req, res);
-             }));
-  http_.Post("/v1/role",
-             ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
-               HandleRole(req, res);
-             }));
-  http_.Post("/v1/threads",
-             ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
-               HandleThreads(req, res);
-             }));
+  // Cluster calls (signed, body checked) answered by one of the Handle* methods.
+  using Handler = void (WorkerImpl::*)(const httplib::Request&, httplib::Response&);
+  auto post = [this](const char* path, Handler handler) {
+    http_.Post(path, ClusterBodyChecked(
+                         [this, handler](const httplib::Request& req, httplib::Response& res) {
+                           (this->*handler)(req, res);
+                         }));
+  };
+  post("/v1/prefill", &WorkerImpl::HandlePrefill);
+  post("/v1/decode", &WorkerImpl::HandleDecode);
+  post("/v1/role", &WorkerImpl::HandleRole);
+  post("/v1/threads", &WorkerImpl::HandleThreads);
   http_.Post("/v1/cancel",
              ClusterBodyChecked([this](const httplib::Request& req, httplib::Response& res) {
                std::string id;
