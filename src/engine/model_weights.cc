@@ -68,6 +68,19 @@ StatusOr<ModelWeights> BindWeights(const GgufFile& f, const model::ModelConfig& 
       TANDEM_ASSIGN_OR_RETURN(L.ffn_post_norm, Vector(f, p + "post_ffw_norm.weight", c.dim));
     }
   }
+  // Interleave what the matmul kernels read faster that way (the copy costs the matrix's size
+  // in memory; the mapping's pages of it are then no longer read).
+  std::vector<kernels::WeightView*> matrices = {&w.output};
+  for (LayerWeights& L : w.layers) {
+    for (kernels::WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      matrices.push_back(v);
+    }
+  }
+  for (kernels::WeightView* v : matrices) {
+    if (!kernels::ShouldInterleave(*v)) continue;
+    w.interleaved.emplace_back(*v);
+    *v = w.interleaved.back().view();
+  }
   return w;
 }
 

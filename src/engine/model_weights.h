@@ -1,11 +1,14 @@
 // Views of a model's weights inside a GgufFile, checked against the config's shapes.
-// Matrices stay quantized in the mapping; small vectors (norm weights) are copied to float32.
+// Matrices stay quantized: in the mapping, or (Q4_1 / Q8_0 on the AVX-512 path) in an
+// interleaved copy of the same size that the decode kernels read faster (kernels/interleaved.h).
+// Small vectors (norm weights) are copied to float32.
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/interleaved.h"
 #include "kernels/matmul.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
@@ -30,14 +33,16 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  kernels::WeightView token_embd;  // (vocab, dim)
+  kernels::WeightView token_embd;  // (vocab, dim); always GGUF layout (rows are looked up)
   std::vector<float> output_norm;  // (dim)
-  kernels::WeightView output;      // (vocab, dim); equals token_embd when tied
+  kernels::WeightView output;      // (vocab, dim); the same data as token_embd when tied
   std::vector<LayerWeights> layers;
+  // The interleaved copies the views above point into, where a matrix was interleaved.
+  std::vector<kernels::InterleavedMatrix> interleaved;
 };
 
 // Finds every tensor the config needs; a missing tensor or a wrong shape is an error naming it.
-// The returned views point into `file`, which must outlive them.
+// The returned views point into `file`, which must outlive them, or into `interleaved`.
 StatusOr<ModelWeights> BindWeights(const model::GgufFile& file, const model::ModelConfig& config);
 
 }  // namespace tandem::engine

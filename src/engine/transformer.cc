@@ -370,10 +370,8 @@ void Transformer::Embed(std::span<const BatchItem> batch) {
   const auto& c = config_;
   for (int64_t t = 0, i = 0; i < static_cast<int64_t>(batch.size()); ++i) {
     for (int32_t tok : batch[i].tokens) {
-      const auto& e = weights_.token_embd;
-      const auto* row = static_cast<const uint8_t*>(e.data) + tok * RowBytes(e.dtype, c.dim);
       float* xt = &x_[t * c.dim];
-      kernels::DequantizeRow(e.dtype, row, xt, c.dim);
+      kernels::DequantizeWeightRow(weights_.token_embd, tok, xt);
       if (c.embedding_scale != 1.0f) {
         for (int i = 0; i < c.dim; ++i) xt[i] *= c.embedding_scale;
       }

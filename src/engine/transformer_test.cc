@@ -116,11 +116,7 @@ std::vector<float> ReferenceForward(const Fixture& f, const std::vector<int32_t>
   const int hd = c.head_dim;
   auto deq = [](const kernels::WeightView& w) {
     std::vector<float> m(w.rows * w.cols);
-    const int64_t rb = RowBytes(w.dtype, w.cols);
-    for (int64_t r = 0; r < w.rows; ++r) {
-      kernels::DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + r * rb, &m[r * w.cols],
-                             w.cols);
-    }
+    for (int64_t r = 0; r < w.rows; ++r) kernels::DequantizeWeightRow(w, r, &m[r * w.cols]);
     return m;
   };
   auto matvec = [](const std::vector<float>& m, int64_t rows, int64_t cols, const float* x,

@@ -18,6 +18,7 @@
 #include "common/fp16.h"
 #include "kernels/avx2_internal.h"
 #include "kernels/gemm_driver_internal.h"
+#include "kernels/interleaved_internal.h"
 #include "kernels/isa_internal.h"
 #include "kernels/quant_blocks_internal.h"
 
@@ -412,9 +413,17 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace avx2
 
 const IsaImpl* Avx2Isa() {
-  static const IsaImpl impl{"avx2",          avx2::ActRowBytes, avx2::QuantizeAct,
-                            avx2::Gemm,      SiluMulAvx2,       GeluMulAvx2,
-                            RoundToFp16Avx2, ExpSumAvx2,        AttendTileAvx2};
+  static const IsaImpl impl{"avx2",
+                            avx2::ActRowBytes,
+                            avx2::QuantizeAct,
+                            avx2::Gemm,
+                            SiluMulAvx2,
+                            GeluMulAvx2,
+                            RoundToFp16Avx2,
+                            ExpSumAvx2,
+                            AttendTileAvx2,
+                            QuantizeActRows16Scalar,
+                            GemmRows16Scalar};
   return &impl;
 }
 

@@ -14,6 +14,7 @@
 
 #include "kernels/avx512_layout_internal.h"
 #include "kernels/gemm_driver_internal.h"
+#include "kernels/interleaved_internal.h"
 #include "kernels/isa_internal.h"
 #include "kernels/quant_blocks_internal.h"
 
@@ -377,9 +378,10 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace avx512
 
 const IsaImpl* Avx512Isa() {
-  static const IsaImpl impl{"avx512",          avx512::ActRowBytes, avx512::QuantizeAct,
-                            avx512::Gemm,      SiluMulAvx512,       GeluMulAvx512,
-                            RoundToFp16Avx512, ExpSumAvx512,        AttendTileAvx512};
+  static const IsaImpl impl{
+      "avx512",         avx512::ActRowBytes,     avx512::QuantizeAct, avx512::Gemm,
+      SiluMulAvx512,    GeluMulAvx512,           RoundToFp16Avx512,   ExpSumAvx512,
+      AttendTileAvx512, QuantizeActRows16Avx512, GemmRows16Avx512};
   return &impl;
 }
 

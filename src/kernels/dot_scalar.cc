@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/fp16.h"
+#include "kernels/interleaved_internal.h"
 #include "kernels/isa_internal.h"
 #include "kernels/quant_blocks_internal.h"
 
@@ -178,9 +179,12 @@ void Gemm(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_
 }  // namespace
 
 const IsaImpl* ScalarIsa() {
-  static const IsaImpl impl{"scalar",        ActRowBytes,   QuantizeAct,       Gemm,
-                            SiluMulScalar,   GeluMulScalar, RoundToFp16Scalar, ExpSumScalar,
-                            AttendTileScalar};
+  static const IsaImpl impl{"scalar",          ActRowBytes,
+                            QuantizeAct,       Gemm,
+                            SiluMulScalar,     GeluMulScalar,
+                            RoundToFp16Scalar, ExpSumScalar,
+                            AttendTileScalar,  QuantizeActRows16Scalar,
+                            GemmRows16Scalar};
   return &impl;
 }
 

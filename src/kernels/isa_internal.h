@@ -40,6 +40,11 @@ struct IsaImpl {
   // kernels/attention.h AttendTile (falls back to the scalar path for shapes it lacks).
   void (*attend_tile)(const AttentionTile& a, int first_pos, int n_tokens, const float* q,
                       int64_t q_stride, float* out, int64_t out_stride);
+  // quantize_act and gemm for weights in the rows16 layout (interleaved_internal.h; the
+  // activation row is Rows16ActRowBytes(k) bytes whatever the ISA).
+  void (*rows16_quantize_act)(const float* x, int64_t k, uint8_t* dst);
+  void (*rows16_gemm)(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m,
+                      int64_t r0, int64_t r1, float* y, int64_t ldy);
 };
 
 // The table in use (forced or detected; cpu_isa.cc).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/interleaved_internal.h"
 #include "kernels/isa_internal.h"
 
 namespace tandem::kernels {
@@ -51,8 +52,10 @@ void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m,
   TANDEM_CHECK(n_outs <= kMaxSharedOutputs) << "MatMulShared: " << n_outs << " outputs";
   const int64_t k = outs[0].w.cols;
   const IsaImpl* isa = CurrentIsa();
-  // Outputs whose weights share a dtype share one converted activation matrix ("format").
+  // Outputs whose weights share a dtype and layout share one converted activation matrix
+  // ("format"); rows16 weights (Q4_1 and Q8_0 alike) share one format of their own.
   std::array<DType, kMaxSharedOutputs> format_type{};
+  std::array<bool, kMaxSharedOutputs> format_rows16{};
   std::array<int64_t, kMaxSharedOutputs> format_offset{};  // bytes into the scratch buffer
   std::array<int64_t, kMaxSharedOutputs> format_row_bytes{};
   std::array<int, kMaxSharedOutputs> format_of{};          // by output
@@ -65,12 +68,20 @@ void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m,
                  k % GetDTypeInfo(w.dtype).block_elems == 0)
         << "MatMul: unsupported weight " << GetDTypeInfo(w.dtype).name << " with " << w.cols
         << " columns (expected " << k << ")";
+    const bool rows16 = w.layout == WeightLayout::kRows16;
+    TANDEM_CHECK(!rows16 || w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0)
+        << "MatMul: rows16 layout of " << GetDTypeInfo(w.dtype).name;
     int f = 0;
-    while (f < n_formats && format_type[f] != w.dtype) ++f;
+    while (f < n_formats &&
+           (format_rows16[f] != rows16 || (!rows16 && format_type[f] != w.dtype))) {
+      ++f;
+    }
     if (f == n_formats) {
       format_type[f] = w.dtype;
+      format_rows16[f] = rows16;
       format_offset[f] = scratch_bytes;
-      format_row_bytes[f] = isa->act_row_bytes(w.dtype, k);
+      format_row_bytes[f] =
+          rows16 ? internal::Rows16ActRowBytes(k) : isa->act_row_bytes(w.dtype, k);
       scratch_bytes += m * format_row_bytes[f];
       ++n_formats;
     }
@@ -85,8 +96,12 @@ void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m,
   auto quantize = [&](int64_t begin, int64_t end, int) {
     for (int f = 0; f < n_formats; ++f) {
       for (int64_t i = begin; i < end; ++i) {
-        isa->quantize_act(format_type[f], x + i * k, k,
-                          act + format_offset[f] + i * format_row_bytes[f]);
+        uint8_t* dst = act + format_offset[f] + i * format_row_bytes[f];
+        if (format_rows16[f]) {
+          isa->rows16_quantize_act(x + i * k, k, dst);
+        } else {
+          isa->quantize_act(format_type[f], x + i * k, k, dst);
+        }
       }
     }
   };
@@ -102,8 +117,9 @@ void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m,
       const int64_t lo = std::max(begin, first_row[o]), hi = std::min(end, first_row[o + 1]);
       if (lo >= hi) continue;
       const int f = format_of[o];
-      isa->gemm(outs[o].w, act + format_offset[f], format_row_bytes[f], m, lo - first_row[o],
-                hi - first_row[o], outs[o].y, outs[o].w.rows);
+      const auto gemm_fn = format_rows16[f] ? isa->rows16_gemm : isa->gemm;
+      gemm_fn(outs[o].w, act + format_offset[f], format_row_bytes[f], m, lo - first_row[o],
+              hi - first_row[o], outs[o].y, outs[o].w.rows);
     }
   };
   if (parallel) {

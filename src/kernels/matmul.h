@@ -21,13 +21,21 @@
 
 namespace tandem::kernels {
 
-// A row-major weight matrix of `rows` rows, each `cols` elements of `dtype` packed in
-// RowBytes(dtype, cols) bytes. Not owned (usually points into the mmapped GGUF file).
+// How a weight matrix's blocks are ordered in memory.
+enum class WeightLayout : uint8_t {
+  kGguf,    // row-major: row r is RowBytes(dtype, cols) bytes at r * RowBytes
+  kRows16,  // rows interleaved 16 at a time (kernels/interleaved.h); Q4_1 and Q8_0 only
+};
+
+// A weight matrix of `rows` rows, each `cols` elements of `dtype` (RowBytes(dtype, cols) bytes a
+// row), laid out as `layout` says. Not owned (usually points into the mmapped GGUF file, or
+// into an InterleavedMatrix).
 struct WeightView {
   DType dtype;
   int64_t rows;  // output features (n)
   int64_t cols;  // input features (k)
   const void* data;
+  WeightLayout layout = WeightLayout::kGguf;
 };
 
 // y[m, rows] = x[m, cols] · W^T. x and y are row-major float32, y is overwritten.
@@ -54,6 +62,9 @@ void MatMulShared(std::span<const MatMulOutput> outs, const float* x, int64_t m,
 
 // Dequantizes one row of n elements into dst (float32). Any DType, including Q8_1 / Q8_K.
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
+
+// Dequantizes row `row` of w (either layout) into dst[w.cols].
+void DequantizeWeightRow(const WeightView& w, int64_t row, float* dst);
 
 // Quantizes n float32 values into `t` blocks (all weight types above, for tests and for
 // building GGUF files); n must be a multiple of the block size. Q4_0 / Q4_1 / Q5_0 follow ggml's
