@@ -10,7 +10,9 @@
 //
 // Parts (bytes; every figure is an upper bound for the process's resident set):
 //   weights      the mapped GGUF file (every tensor is read, so every page becomes resident)
-//                plus the norms copied to the heap as floats
+//                plus the norms copied to the heap as floats; a matrix interleaved for the
+//                kernels (engine/model_weights.h) is a copy of the same size whose source pages
+//                are released, so it stays within this figure
 //   kv           the paged KV cache (engine::PagedKvCache::RequiredBytes), window arena included
 //   activations  the transformer's scratch for the largest step (max_step_tokens tokens)
 //   logits       the rows of vocab logits one step writes (MaxLogitRows) and their inputs

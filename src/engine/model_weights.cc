@@ -68,8 +68,9 @@ StatusOr<ModelWeights> BindWeights(const GgufFile& f, const model::ModelConfig& 
       TANDEM_ASSIGN_OR_RETURN(L.ffn_post_norm, Vector(f, p + "post_ffw_norm.weight", c.dim));
     }
   }
-  // Interleave what the matmul kernels read faster that way (the copy costs the matrix's size
-  // in memory; the mapping's pages of it are then no longer read).
+  // Interleave what the matmul kernels read faster that way. The copy replaces the mapping's
+  // pages (released behind it as it goes), so weights stay within the file's size in memory; a
+  // tied embedding is looked up in the copy too.
   std::vector<kernels::WeightView*> matrices = {&w.output};
   for (LayerWeights& L : w.layers) {
     for (kernels::WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
@@ -78,9 +79,11 @@ StatusOr<ModelWeights> BindWeights(const GgufFile& f, const model::ModelConfig& 
   }
   for (kernels::WeightView* v : matrices) {
     if (!kernels::ShouldInterleave(*v)) continue;
-    w.interleaved.emplace_back(*v);
+    const auto* source = static_cast<const uint8_t*>(v->data);
+    w.interleaved.emplace_back(*v, [&f, source](size_t bytes) { f.ReleasePages(source, bytes); });
     *v = w.interleaved.back().view();
   }
+  if (c.tied_output) w.token_embd = w.output;
   return w;
 }
 

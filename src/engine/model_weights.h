@@ -33,9 +33,9 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  kernels::WeightView token_embd;  // (vocab, dim); always GGUF layout (rows are looked up)
+  kernels::WeightView token_embd;  // (vocab, dim)
   std::vector<float> output_norm;  // (dim)
-  kernels::WeightView output;      // (vocab, dim); the same data as token_embd when tied
+  kernels::WeightView output;      // (vocab, dim); the same view as token_embd when tied
   std::vector<LayerWeights> layers;
   // The interleaved copies the views above point into, where a matrix was interleaved.
   std::vector<kernels::InterleavedMatrix> interleaved;

@@ -20,9 +20,9 @@
 namespace tandem::kernels::internal {
 namespace {
 
-constexpr int kMaxCols = 4;                      // activation rows per kernel call
-constexpr int64_t kPrefetchBytes = 8 << 10;      // how far ahead the weights are prefetched (L2)
-constexpr int64_t kActChunkBytes = 384 << 10;    // activation bytes per pass over the panels
+constexpr int kMaxCols = 4;                    // activation rows per kernel call
+constexpr int64_t kPrefetchBytes = 8 << 10;    // how far ahead the weights are prefetched (L2)
+constexpr int64_t kActChunkBytes = 384 << 10;  // activation bytes per pass over the panels
 
 inline __m512i Rne(__m512 v) {
   return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -61,8 +61,8 @@ inline __m512i Bcast(const int8_t* p) {
 // prefetch: also prefetch the bytes kPrefetchBytes past each block column (into L2), for the
 // first pass over a panel whose weights come from memory.
 template <DType kType, int C>
-void PanelDot(const uint8_t* panel, int64_t nb, const uint8_t* act, int64_t astride,
-              bool prefetch, __m512* out) {
+void PanelDot(const uint8_t* panel, int64_t nb, const uint8_t* act, int64_t astride, bool prefetch,
+              __m512* out) {
   constexpr bool kQ41 = kType == DType::kQ4_1;
   constexpr int64_t kColBytes = kQ41 ? 320 : 544;
   constexpr int kHead = kQ41 ? 64 : 32;
@@ -115,8 +115,8 @@ void PanelDot(const uint8_t* panel, int64_t nb, const uint8_t* act, int64_t astr
       const uint8_t* a = act + c * astride;
       __m512i isum = _mm512_add_epi32(i0[c], i1[c]);
       if constexpr (!kQ41) {
-        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(reinterpret_cast<const int32_t*>(
-                                          a + L.corr())[b]));
+        isum = _mm512_sub_epi32(
+            isum, _mm512_set1_epi32(reinterpret_cast<const int32_t*>(a + L.corr())[b]));
       }
       const __m512 scale =
           _mm512_mul_ps(dw, _mm512_set1_ps(reinterpret_cast<const float*>(a + L.da())[b]));
@@ -138,8 +138,8 @@ void PanelDot(const uint8_t* panel, int64_t nb, const uint8_t* act, int64_t astr
 
 using PanelFn = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, bool, __m512*);
 template <DType kType>
-constexpr PanelFn kPanel[kMaxCols] = {PanelDot<kType, 1>, PanelDot<kType, 2>,
-                                      PanelDot<kType, 3>, PanelDot<kType, 4>};
+constexpr PanelFn kPanel[kMaxCols] = {PanelDot<kType, 1>, PanelDot<kType, 2>, PanelDot<kType, 3>,
+                                      PanelDot<kType, 4>};
 
 // IsaImpl::gemm's contract for rows16 weights. Rows outside [r0, r1) of a panel that straddles
 // the range are computed and dropped (masked stores), so any range works.
@@ -161,8 +161,8 @@ void GemmRows16(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, 
       for (int64_t c = c0; c < c1; c += kMaxCols) {
         const int nc = static_cast<int>(std::min<int64_t>(kMaxCols, c1 - c));
         __m512 out[kMaxCols];
-        kernels[nc - 1](data + p * panel_bytes, nb, act + c * act_row_bytes, act_row_bytes,
-                        c == 0, out);
+        kernels[nc - 1](data + p * panel_bytes, nb, act + c * act_row_bytes, act_row_bytes, c == 0,
+                        out);
         for (int i = 0; i < nc; ++i) _mm512_mask_storeu_ps(y + (c + i) * ldy + row0, keep, out[i]);
       }
     }

@@ -18,9 +18,8 @@ namespace {
 using internal::Rows16BlockBytes;
 
 bool Interleavable(const WeightView& w) {
-  return w.layout == WeightLayout::kGguf &&
-         (w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0) && w.rows > 0 &&
-         w.rows % kInterleaveRows == 0 && w.cols > 0 && w.cols % kQK == 0;
+  return w.layout == WeightLayout::kGguf && (w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0) &&
+         w.rows > 0 && w.rows % kInterleaveRows == 0 && w.cols > 0 && w.cols % kQK == 0;
 }
 
 // Block column b of panel p, from the 16 GGUF rows starting at 16p.
@@ -50,7 +49,7 @@ bool ShouldInterleave(const WeightView& w) {
 
 void InterleavedMatrix::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
 
-InterleavedMatrix::InterleavedMatrix(const WeightView& w) {
+InterleavedMatrix::InterleavedMatrix(const WeightView& w, const SourceDone& source_done) {
   TANDEM_CHECK(Interleavable(w)) << "InterleavedMatrix: " << GetDTypeInfo(w.dtype).name << " "
                                  << w.rows << "x" << w.cols << " cannot be interleaved";
   const int64_t row_bytes = RowBytes(w.dtype, w.cols);
@@ -59,7 +58,9 @@ InterleavedMatrix::InterleavedMatrix(const WeightView& w) {
   TANDEM_CHECK(data_ != nullptr) << "InterleavedMatrix: out of memory for " << bytes << " bytes";
   const auto* src = static_cast<const uint8_t*>(w.data);
   const int64_t nb = w.cols / kQK, col_bytes = Rows16BlockBytes(w.dtype);
-  for (int64_t p = 0; p < w.rows / kInterleaveRows; ++p) {
+  constexpr int64_t kPanelsPerReport = 64;
+  const int64_t panels = w.rows / kInterleaveRows;
+  for (int64_t p = 0; p < panels; ++p) {
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* dst = data_.get() + (p * nb + b) * col_bytes;
       if (w.dtype == DType::kQ4_1) {
@@ -67,6 +68,9 @@ InterleavedMatrix::InterleavedMatrix(const WeightView& w) {
       } else {
         PackBlockColumn<BlockQ8_0>(src, row_bytes, p, b, dst);
       }
+    }
+    if (source_done && ((p + 1) % kPanelsPerReport == 0 || p + 1 == panels)) {
+      source_done(static_cast<size_t>((p + 1) * kInterleaveRows * row_bytes));
     }
   }
   view_ = WeightView{w.dtype, w.rows, w.cols, data_.get(), WeightLayout::kRows16};

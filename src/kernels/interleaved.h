@@ -20,7 +20,9 @@
 // for bit), so batch invariance holds for interleaved weights as for GGUF ones.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -38,8 +40,11 @@ bool ShouldInterleave(const WeightView& w);
 // it and stays valid while this object lives (moving it keeps the buffer where it is).
 class InterleavedMatrix {
  public:
+  // Called as the copy proceeds with the source bytes copied so far, [w.data, w.data + bytes)
+  // (whole rows, growing), so that a mapped source can be dropped from memory behind the copy.
+  using SourceDone = std::function<void(size_t bytes)>;
   // Copies w (GGUF layout, Q4_1 or Q8_0, rows a multiple of 16; anything else aborts).
-  explicit InterleavedMatrix(const WeightView& w);
+  explicit InterleavedMatrix(const WeightView& w, const SourceDone& source_done = {});
   const WeightView& view() const { return view_; }
 
  private:

@@ -48,8 +48,8 @@ TEST_P(InterleavedTest, MatchesReferenceOnEveryIsa) {
         EXPECT_EQ(im.view().layout, WeightLayout::kRows16);
         for (const char* isa : AvailableIsas()) {
           ASSERT_TRUE(ForceIsa(isa));
-          const std::string what = std::string(GetDTypeInfo(t).name) + " " + isa + " n=" +
-                                   std::to_string(n) + " k=" + std::to_string(k) +
+          const std::string what = std::string(GetDTypeInfo(t).name) + " " + isa +
+                                   " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                                    " m=" + std::to_string(m);
           ExpectClose(p, Multiply(im.view(), p.x.data(), m, nullptr), p.ref, what + " 1 thread");
           ExpectClose(p, Multiply(im.view(), p.x.data(), m, &pool2), p.ref, what + " 2 threads");

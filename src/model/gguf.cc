@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace tandem::model {
@@ -253,6 +254,15 @@ Status GgufFile::Parse() {
     t.data = base_ + data_start + t.offset;
   }
   return OkStatus();
+}
+
+void GgufFile::ReleasePages(const void* data, size_t bytes) const {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  const auto base = reinterpret_cast<uintptr_t>(base_);
+  if (first >= last || first < base || last > base + size_) return;
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advice: may fail
 }
 
 const GgufTensor* GgufFile::FindTensor(const std::string& name) const {

@@ -75,6 +75,9 @@ class GgufFile {
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* FindTensor(const std::string& name) const;
+  // Drops the mapping's whole pages inside [data, data + bytes) from this process's resident
+  // memory (a copy replaced them); they are read back from the file if touched again.
+  void ReleasePages(const void* data, size_t bytes) const;
 
   // Typed metadata access: NotFound if absent, InvalidArgument if of another kind.
   bool Has(const std::string& key) const { return metadata_.count(key) != 0; }

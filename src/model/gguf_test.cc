@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/process_memory.h"
 #include "model/gguf_writer.h"
 #include "model/model_config.h"
 
@@ -72,6 +73,39 @@ TEST(GgufTest, RoundTripsMetadataAndTensors) {
   EXPECT_EQ(y->offset % 32, 0u);
   EXPECT_EQ(static_cast<const uint8_t*>(y->data)[0], 7);
   EXPECT_EQ((*f)->FindTensor("missing"), nullptr);
+}
+
+// Released pages leave the resident set and read back unchanged from the file.
+TEST(GgufTest, ReleasedPagesLeaveMemoryAndReadBack) {
+  GgufWriter w;
+  w.SetString("general.architecture", "llama");
+  constexpr int64_t kBytes = 8 << 20;
+  std::vector<uint8_t> big(kBytes);
+  for (int64_t i = 0; i < kBytes; ++i) big[i] = static_cast<uint8_t>(i * 131 + 7);
+  ASSERT_TRUE(w.AddTensor("big.weight", DType::kF32, {kBytes / 4}, big).ok());
+  TempFile tmp;
+  tmp.Write(w.Serialize());
+  auto f = GgufFile::Open(tmp.path());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const GgufTensor* t = (*f)->FindTensor("big.weight");
+  ASSERT_NE(t, nullptr);
+  const auto* data = static_cast<const uint8_t*>(t->data);
+  auto touch = [&] {
+    uint64_t sum = 0;
+    for (int64_t i = 0; i < kBytes; i += 512) sum += data[i];
+    return sum;
+  };
+  const uint64_t sum = touch();
+  const int64_t touched = ReadProcessMemory().resident_bytes;
+  (*f)->ReleasePages(t->data, kBytes);
+  const int64_t released = ReadProcessMemory().resident_bytes;
+  if (touched > 0) {  // /proc readable
+    EXPECT_GT(touched - released, kBytes / 2) << touched << " -> " << released;
+  }
+  EXPECT_EQ(touch(), sum);
+  EXPECT_EQ(0, std::memcmp(data, big.data(), kBytes));
+  (*f)->ReleasePages(big.data(), kBytes);  // outside the mapping: ignored
+  EXPECT_EQ(big[12345], static_cast<uint8_t>(12345 * 131 + 7));
 }
 
 TEST(GgufTest, TypedGettersNameTheProblem) {
