@@ -133,14 +133,18 @@ def batch_set(batch, entries):
 
 
 def bench_decode_batched(llm, B, threads, stream, n_steps, repeats, warmup,
-                         prompt_len=DECODE_PROMPT_LEN, flash_attn=False):
-    """B sequences, prompt_len-token prompt each, then n_steps steps of B tokens."""
+                         prompt_len=DECODE_PROMPT_LEN, flash_attn=False, shared_prompt=False):
+    """B sequences, prompt_len-token prompt each, then n_steps steps of B tokens.
+
+    shared_prompt: evaluate sequence 0's prompt once and copy its KV to the others
+    (llama_memory_seq_cp) instead of evaluating B prompts: B x 32k prompts would take most of
+    an hour to prefill. Each sequence still attends over its own prompt_len positions."""
     cp = llama_cpp.llama_context_default_params()
     # llama.cpp pads n_ctx to a multiple of 256 and splits it evenly between
     # sequences; keep each sequence's share a multiple of 256.
     per_seq = 256 * ((prompt_len + n_steps + 1 + 255) // 256)
     cp.n_ctx = B * per_seq
-    cp.n_batch = max(B, prompt_len)
+    cp.n_batch = max(B, min(prompt_len, MAX_N_BATCH))
     cp.n_ubatch = min(512, cp.n_batch)
     cp.n_seq_max = B
     cp.n_threads = threads
@@ -154,19 +158,26 @@ def bench_decode_batched(llm, B, threads, stream, n_steps, repeats, warmup,
         ctx = llama_cpp.llama_new_context_with_model(llm._model.model, cp)
     if not ctx:
         raise RuntimeError("failed to create context with n_seq_max=%d" % B)
-    batch = llama_cpp.llama_batch_init(max(B, prompt_len), 0, B)
+    batch = llama_cpp.llama_batch_init(cp.n_batch, 0, B)
     mem = llama_cpp.llama_get_memory(ctx)
     times = []
     try:
         # Prompts (not timed), evaluated once: sequence s gets stream[s : s+prompt_len]. Each
         # repeat first drops the previous repeat's decoded positions (>= prompt_len).
         llama_cpp.llama_memory_clear(mem, True)
-        for s in range(B):
+        for s in range(1 if shared_prompt else B):
             p = stream[s:s + prompt_len]
-            batch_set(batch, [(t, i, s, i == len(p) - 1) for i, t in enumerate(p)])
-            rc = llama_cpp.llama_decode(ctx, batch)
-            if rc != 0:
-                raise RuntimeError("llama_decode (prompt) returned %d" % rc)
+            # In chunks of n_batch tokens (prompts longer than one batch).
+            for c0 in range(0, len(p), cp.n_batch):
+                part = p[c0:c0 + cp.n_batch]
+                batch_set(batch, [(t, c0 + i, s, c0 + i == len(p) - 1)
+                                  for i, t in enumerate(part)])
+                rc = llama_cpp.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise RuntimeError("llama_decode (prompt) returned %d" % rc)
+        if shared_prompt:
+            for s in range(1, B):
+                llama_cpp.llama_memory_seq_cp(mem, 0, s, -1, -1)
         for r in range(warmup + repeats):
             for s in range(B):
                 llama_cpp.llama_memory_seq_rm(mem, s, prompt_len, -1)
@@ -202,6 +213,10 @@ def main():
                     help="enable llama.cpp flash attention (default: off, as Llama())")
     ap.add_argument("--batches", type=parse_int_list, default=[8, 32],
                     help="batched-decode sizes (low-level API); empty string to skip")
+    ap.add_argument("--shared-prompt", action="store_true",
+                    help="batched decode: evaluate one prompt and copy its KV to every "
+                         "sequence (for long contexts, where B prompts take too long)")
+    ap.add_argument("--no-batch1", action="store_true", help="skip the batch-1 decode")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before each measurement")
     ap.add_argument("--json", action="store_true", help="print JSON lines only")
@@ -221,6 +236,10 @@ def main():
                     "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
             if args.flash_attn:
                 argv.append("--flash-attn")
+            if args.shared_prompt:
+                argv.append("--shared-prompt")
+            if args.no_batch1:
+                argv.append("--no-batch1")
             if args.json:
                 argv.append("--json")
             elif i > 0:
@@ -258,21 +277,24 @@ def main():
                       tokens_per_s=round(L / med, 2), median_s=round(med, 5),
                       repeats=args.repeats, n_batch=n_batch, n_ubatch=512))
 
-        prompt = stream[:P]
-        steps = stream[P:P + args.decode_tokens]
-        med, _ = bench_decode_b1(llm, prompt, steps, args.repeats, args.warmup)
-        emit(dict(common, metric="decode", batch=1, prompt_len=P,
-                  decode_tokens=args.decode_tokens,
-                  tokens_per_s=round(args.decode_tokens / med, 2),
-                  median_s=round(med, 5), repeats=args.repeats, api="Llama.eval"))
-        emit(dict(common, metric="peak_rss", rss_mb=round(peak_rss_mb(), 1),
-                  note="after prefill and batch-1 decode"))
+        if not args.no_batch1:
+            prompt = stream[:P]
+            steps = stream[P:P + args.decode_tokens]
+            med, _ = bench_decode_b1(llm, prompt, steps, args.repeats, args.warmup)
+            emit(dict(common, metric="decode", batch=1, prompt_len=P,
+                      decode_tokens=args.decode_tokens,
+                      tokens_per_s=round(args.decode_tokens / med, 2),
+                      median_s=round(med, 5), repeats=args.repeats, api="Llama.eval"))
+            emit(dict(common, metric="peak_rss", rss_mb=round(peak_rss_mb(), 1),
+                      note="after prefill and batch-1 decode"))
 
         for B in args.batches:
             try:
                 med, _ = bench_decode_batched(llm, B, T, stream, args.decode_tokens,
-                                              args.repeats, args.warmup, P, args.flash_attn)
+                                              args.repeats, args.warmup, P, args.flash_attn,
+                                              args.shared_prompt)
                 emit(dict(common, metric="decode", batch=B, prompt_len=P,
+                          shared_prompt=args.shared_prompt,
                           decode_tokens=args.decode_tokens,
                           tokens_per_s=round(B * args.decode_tokens / med, 2),
                           median_s=round(med, 5), repeats=args.repeats,
