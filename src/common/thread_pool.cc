@@ -15,7 +15,7 @@ constexpr int kSpinIterations = 2000;
 // helper's budget: the caller goes on at once when they are done, and sleeping costs it a
 // futex wake-up (tens of microseconds in a VM) at the end of every parallel call whose shares
 // finish unevenly (decode attention: 3 KV heads on 2 threads). Measured: decode batch 1 at a
-// 512-1,024-token context, 2 threads, 1.22x over the helpers' budget.
+// 512-1,024-token context, 2 threads, 1.2-1.3x over the helpers' budget (docs/benchmarks.md).
 constexpr std::chrono::microseconds kCallerSpinTime{250};
 inline void CpuRelax() { __builtin_ia32_pause(); }
 }  // namespace
