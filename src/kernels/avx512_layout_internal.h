@@ -207,6 +207,29 @@ inline SplitGroup LoadQ5_0Group(const uint8_t* row, int64_t g, int64_t nb) {
 
 inline __m512i LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
 
+// Rounds to the nearest integer, ties to even.
+inline __m512i Rne(__m512 v) {
+  return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline float RoundHalf(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+
+// One block of 32 activations quantized with the Q8_0 / Q8_1 numerics (quant_blocks_internal.h):
+// q = rne(x * 127 / amax) as elements 0-15 (lo) and 16-31 (hi), d = amax / 127 (unrounded),
+// sum = sum of q.
+struct Q8Block {
+  __m128i lo, hi;
+  float d;
+  int sum;
+};
+inline Q8Block QuantizeQ8Block(const float* x) {
+  const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  const __m512 id = _mm512_set1_ps(amax != 0 ? 127.f / amax : 0.f);
+  const __m512i q0 = Rne(_mm512_mul_ps(x0, id)), q1 = Rne(_mm512_mul_ps(x1, id));
+  return {_mm512_cvtepi32_epi8(q0), _mm512_cvtepi32_epi8(q1), amax / 127.f,
+          _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))};
+}
+
 // One weight group as PackRow lays it out, built in registers: halves a / b, lane scales sw, and
 // the group's additive terms written into mw (the row's nmin16 floats, PackRow's w_mw part).
 struct GroupRegs {

@@ -25,13 +25,7 @@ namespace {
 inline __m512i Load(const void* p) { return _mm512_loadu_si512(p); }
 inline void Store(void* p, __m512i v) { _mm512_storeu_si512(p, v); }
 
-float RoundHalf(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
-
 // ---- activations ----
-
-inline __m512i Rne(__m512 v) {
-  return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
 
 // Q8_0 / Q8_1 numerics (quant_blocks_internal.h) in kSplit order, for Q4_0 / Q4_1 / Q5_0 / Q8_0
 // weights.
@@ -54,16 +48,12 @@ void QuantActSplit(DType wtype, const float* x, int64_t k, uint8_t* dst) {
         dv[b] = sv[b] = 0;
         continue;
       }
-      const __m512 x0 = _mm512_loadu_ps(x + 32 * blk), x1 = _mm512_loadu_ps(x + 32 * blk + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-      const float d = amax / 127.f;
-      const __m512 id = _mm512_set1_ps(amax != 0 ? 127.f / amax : 0.f);
-      const __m512i q0 = Rne(_mm512_mul_ps(x0, id)), q1 = Rne(_mm512_mul_ps(x1, id));
-      part[2 * b] = _mm512_cvtepi32_epi8(q0);
-      part[2 * b + 1] = _mm512_cvtepi32_epi8(q1);
-      dv[b] = RoundHalf(d);
-      const float sum = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-      sv[b] = wtype == DType::kQ4_1 ? RoundHalf(d * sum) : dv[b] * sum;
+      const Q8Block q = QuantizeQ8Block(x + 32 * blk);
+      part[2 * b] = q.lo;
+      part[2 * b + 1] = q.hi;
+      dv[b] = RoundHalf(q.d);
+      const auto sum = static_cast<float>(q.sum);
+      sv[b] = wtype == DType::kQ4_1 ? RoundHalf(q.d * sum) : dv[b] * sum;
     }
     Store(dst + g * 128, Combine(part[0], part[2], part[4], part[6]));
     Store(dst + g * 128 + 64, Combine(part[1], part[3], part[5], part[7]));

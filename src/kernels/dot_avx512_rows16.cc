@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/avx512_layout_internal.h"
+#include "kernels/gemm_driver_internal.h"
 #include "kernels/interleaved.h"
 #include "kernels/interleaved_internal.h"
 #include "kernels/isa_internal.h"
@@ -20,36 +22,8 @@
 namespace tandem::kernels::internal {
 namespace {
 
-constexpr int kMaxCols = 4;                    // activation rows per kernel call
-constexpr int64_t kPrefetchBytes = 8 << 10;    // how far ahead the weights are prefetched (L2)
-constexpr int64_t kActChunkBytes = 384 << 10;  // activation bytes per pass over the panels
-
-inline __m512i Rne(__m512 v) {
-  return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-inline float RoundHalf(float f) { return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
-
-// The Q8_0 / Q8_1 activation quantizers' numerics (quant_blocks_internal.h), natural order.
-void QuantizeActRows16(const float* x, int64_t k, uint8_t* dst) {
-  const Rows16ActLayout L(k);
-  auto* da = reinterpret_cast<float*>(dst + L.da());
-  auto* sa = reinterpret_cast<float*>(dst + L.sa());
-  auto* corr = reinterpret_cast<int32_t*>(dst + L.corr());
-  for (int64_t b = 0; b < L.nb; ++b) {
-    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-    const float d = amax / 127.f;
-    const __m512 id = _mm512_set1_ps(amax != 0 ? 127.f / amax : 0.f);
-    const __m512i q0 = Rne(_mm512_mul_ps(x0, id)), q1 = Rne(_mm512_mul_ps(x1, id));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * b), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
-    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    da[b] = RoundHalf(d);
-    sa[b] = RoundHalf(d * static_cast<float>(sum));
-    corr[b] = 128 * sum;
-  }
-  std::memset(dst + L.nb * 44, 0, L.bytes() - L.nb * 44);
-}
+constexpr int kMaxCols = 4;                  // activation rows per kernel call
+constexpr int64_t kPrefetchBytes = 8 << 10;  // how far ahead the weights are prefetched (L2)
 
 inline __m512i Bcast(const int8_t* p) {
   int32_t v;
@@ -141,10 +115,29 @@ template <DType kType>
 constexpr PanelFn kPanel[kMaxCols] = {PanelDot<kType, 1>, PanelDot<kType, 2>, PanelDot<kType, 3>,
                                       PanelDot<kType, 4>};
 
+}  // namespace
+
+// The Q8_0 / Q8_1 activation quantizers' numerics (quant_blocks_internal.h), natural order.
+void QuantizeActRows16Avx512(const float* x, int64_t k, uint8_t* dst) {
+  const Rows16ActLayout L(k);
+  auto* da = reinterpret_cast<float*>(dst + L.da());
+  auto* sa = reinterpret_cast<float*>(dst + L.sa());
+  auto* corr = reinterpret_cast<int32_t*>(dst + L.corr());
+  for (int64_t b = 0; b < L.nb; ++b) {
+    const avx512::Q8Block q = avx512::QuantizeQ8Block(x + 32 * b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * b), q.lo);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32 * b + 16), q.hi);
+    da[b] = avx512::RoundHalf(q.d);
+    sa[b] = avx512::RoundHalf(q.d * static_cast<float>(q.sum));
+    corr[b] = 128 * q.sum;
+  }
+  std::memset(dst + L.nb * 44, 0, L.bytes() - L.nb * 44);
+}
+
 // IsaImpl::gemm's contract for rows16 weights. Rows outside [r0, r1) of a panel that straddles
 // the range are computed and dropped (masked stores), so any range works.
-void GemmRows16(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m,
-                int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void GemmRows16Avx512(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m,
+                      int64_t r0, int64_t r1, float* y, int64_t ldy) {
   const int64_t nb = w.cols / 32;
   const int64_t panel_bytes = nb * Rows16BlockBytes(w.dtype);
   const PanelFn* kernels = w.dtype == DType::kQ4_1 ? kPanel<DType::kQ4_1> : kPanel<DType::kQ8_0>;
@@ -167,16 +160,6 @@ void GemmRows16(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, 
       }
     }
   }
-}
-
-}  // namespace
-
-void QuantizeActRows16Avx512(const float* x, int64_t k, uint8_t* dst) {
-  QuantizeActRows16(x, k, dst);
-}
-void GemmRows16Avx512(const WeightView& w, const uint8_t* act, int64_t act_row_bytes, int64_t m,
-                      int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  GemmRows16(w, act, act_row_bytes, m, r0, r1, y, ldy);
 }
 
 }  // namespace tandem::kernels::internal

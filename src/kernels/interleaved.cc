@@ -4,12 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <vector>
 
 #include "common/check.h"
-#include "kernels/cpu_isa.h"
 #include "kernels/interleaved_internal.h"
+#include "kernels/isa_internal.h"
 #include "kernels/quant_blocks_internal.h"
 
 namespace tandem::kernels {
@@ -43,8 +42,8 @@ void PackBlockColumn(const uint8_t* src, int64_t row_bytes, int64_t p, int64_t b
 }  // namespace
 
 bool ShouldInterleave(const WeightView& w) {
-  const std::string_view isa = ActiveIsa();
-  return Interleavable(w) && (isa == "avx512" || isa == "amx");
+  // Worth it where the active ISA has its own rows16 kernel (not the scalar reference).
+  return Interleavable(w) && internal::CurrentIsa()->rows16_gemm != internal::GemmRows16Scalar;
 }
 
 void InterleavedMatrix::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
