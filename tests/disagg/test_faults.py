@@ -90,7 +90,12 @@ class DecodeWorkerKilled(unittest.TestCase):
             decode_pid = worker_pids(server, "decode")[0]
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 future = pool.submit(stream, server, "/v1/completions", body, 180)
-                time.sleep(1.5)
+                # Killed once it decodes the stream (a fixed 1.5 s wait lost the race once decode
+                # got faster: the 200 tokens were all sent before the kill, so nothing moved).
+                victim = worker_name(decode_pid)
+                wait_for(lambda: metric(server.metrics(), "tandem_worker_running_sequences",
+                                        worker=victim, role="decode") >= 1, 60,
+                         f"{victim} to decode the stream")
                 os.kill(decode_pid, signal.SIGKILL)
                 text, finish, usage, error = future.result(timeout=180)
             self.assertIsNone(error)
