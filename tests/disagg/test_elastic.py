@@ -144,7 +144,9 @@ class PlannerMovesAWorker(unittest.TestCase):
         server = disaggregated("--admission", "none", "--elastic", "--slo-tbt-ms", "5",
                                "--planner-interval-s", "0.25", "--planner-dwell-s", "2")
         try:
-            bodies = [b for b in requests_mix(24) if b["max_tokens"] > 8]
+            # 48 answers of 48 tokens: enough decode to outlast the planner's dwell (16 were
+            # done in about 2 s once decode got faster, before the planner moved anything).
+            bodies = [b for b in requests_mix(72) if b["max_tokens"] > 8]
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 answers = list(pool.map(lambda b: stream(server, "/v1/completions", b, 180),
                                         bodies))
